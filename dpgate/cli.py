@@ -1,0 +1,53 @@
+"""The `dpgate` command: one entry point that dispatches to each part's own command module.
+
+Each subcommand lives in the package that owns it and is imported only when chosen, so
+`dpgate gateway` never imports torch. A command module provides `add_arguments(parser)` and
+`run(args) -> int`; bad flags end with exit status 2 and one sentence naming the flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from dpgate import __version__
+
+# subcommand -> (module providing add_arguments/run, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("engines.serve_command", "serve the default model on 127.0.0.1 (the quick start)"),
+    "engine": ("engines.engine_command", "run one engine: a model behind the dpgate.v1 services"),
+    "generate": ("gateway.generate_command", "stream a completion from a running server"),
+}
+
+
+def top_level_parser() -> argparse.ArgumentParser:
+    """The parser for `dpgate` itself: lists the subcommands without importing any of them."""
+    lines = "\n".join(f"  {name:<10} {help_text}" for name, (_, help_text) in SUBCOMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="dpgate",
+        description="dpgate: a gRPC inference gateway and its engines.",
+        epilog=f"commands:\n{lines}\n\nRun `dpgate COMMAND --help` for a command's flags.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"dpgate {__version__}")
+    parser.add_argument("command", choices=sorted(SUBCOMMANDS), metavar="COMMAND")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") or argv[0] not in SUBCOMMANDS:
+        top_level_parser().parse_args(argv[:1])  # prints help/version or exits 2 naming the command
+        return 2
+    name, rest = argv[0], argv[1:]
+    module_name, help_text = SUBCOMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"dpgate {name}", description=help_text)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(rest)) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
