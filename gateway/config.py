@@ -1,0 +1,202 @@
+"""The gateway's configuration: read once into one `GatewayConfig` and validated as a whole.
+
+`validate_config` walks a matrix of rules (DESIGN.md rule 4). Each rule that fails raises
+`ConfigError` with one sentence that names the flag and the rule; the command prints it and exits
+2. Rules that relate two flags (grace shorter than the shutdown timeout, metrics port apart from
+the serving port) live here too, so no other module re-checks its inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+from gateway.routing.policies import POLICIES
+
+MAX_PORT = 65535
+# gRPC takes message limits as a C int.
+MAX_MESSAGE_BYTES_LIMIT = 2**31 - 1
+# Hosts that reach this machine, for the "engine is the gateway itself" rule.
+_LOCAL_HOSTS = frozenset({"127.0.0.1", "[::1]", "0.0.0.0", "localhost"})
+
+
+class ConfigError(ValueError):
+    """An invalid flag or flag combination; the message is one sentence naming the flag."""
+
+
+@dataclass(slots=True, frozen=True)
+class GatewayConfig:
+    """Everything the gateway reads at start. Durations are seconds, sizes bytes.
+
+    `port` 0 asks the OS for a free port (the gateway logs the one it bound). `metrics_port` None
+    disables the metrics endpoint. `api_keys` empty disables authentication. `max_in_flight` None
+    means no gateway-wide limit on concurrent calls.
+    """
+
+    engines: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 50051
+    metrics_port: int | None = None
+    policy: str = "least-loaded"
+    api_keys: tuple[str, ...] = ()
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    max_message_bytes: int = 4 * 1024 * 1024
+    max_in_flight: int | None = None
+    keepalive_time_s: float = 30.0
+    keepalive_timeout_s: float = 20.0
+    min_client_ping_interval_s: float = 5.0
+    drain_grace_s: float = 5.0
+    shutdown_timeout_s: float = 30.0
+    health_interval_s: float = 1.0
+    health_timeout_s: float = 1.0
+    failure_threshold: int = 3
+    success_threshold: int = 1
+    breaker_failure_threshold: int = 5
+    breaker_open_s: float = 5.0
+    log_json: bool = False
+    engine_addresses: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+
+    @property
+    def is_tls(self) -> bool:
+        return self.tls_cert_file is not None
+
+
+def parse_address(text: str, flag: str) -> tuple[str, int]:
+    """Split `host:port` (or `[v6]:port`) and check both halves; `flag` names the source in errors."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ConfigError(f"{flag} {text!r} must be HOST:PORT, such as 127.0.0.1:50061.")
+    port = int(port_text)
+    if not 1 <= port <= MAX_PORT:
+        raise ConfigError(f"{flag} {text!r} has port {port}, which must be in 1..{MAX_PORT}.")
+    if host.startswith("[") != host.endswith("]"):
+        raise ConfigError(f"{flag} {text!r} has an unbalanced IPv6 bracket.")
+    return host.lower(), port
+
+
+def _check_port(value: int, flag: str, *, allow_zero: bool) -> None:
+    low = 0 if allow_zero else 1
+    if not low <= value <= MAX_PORT:
+        hint = " (0 picks a free port)" if allow_zero else ""
+        raise ConfigError(f"{flag} {value} must be in {low}..{MAX_PORT}{hint}.")
+
+
+def _check_positive(value: float, flag: str) -> None:
+    if not value > 0:
+        raise ConfigError(f"{flag} {value} must be greater than 0.")
+
+
+def _check_at_least_one(value: int, flag: str) -> None:
+    if value < 1:
+        raise ConfigError(f"{flag} {value} must be at least 1.")
+
+
+def _check_pem_file(path: str, flag: str) -> None:
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag} {path!r} is not a readable file.")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError as error:
+        raise ConfigError(f"{flag} {path!r} cannot be read ({error.strerror}).") from None
+    if b"-----BEGIN " not in head:
+        raise ConfigError(f"{flag} {path!r} is not a PEM file.")
+
+
+def _check_engines(config: GatewayConfig) -> tuple[tuple[str, int], ...]:
+    if not config.engines:
+        raise ConfigError("--engine is required at least once: the gateway needs an engine to forward to.")
+    addresses = tuple(parse_address(text, "--engine") for text in config.engines)
+    seen: dict[tuple[str, int], str] = {}
+    for text, address in zip(config.engines, addresses, strict=True):
+        if address in seen:
+            raise ConfigError(f"--engine {text!r} is given twice (also as {seen[address]!r}).")
+        seen[address] = text
+        is_local = address[0] in _LOCAL_HOSTS or address[0] == config.host.lower()
+        if config.port != 0 and address[1] == config.port and is_local:
+            raise ConfigError(f"--engine {text!r} is the gateway's own --port; it cannot forward to itself.")
+    return addresses
+
+
+def _check_tls(config: GatewayConfig) -> None:
+    if (config.tls_cert_file is None) != (config.tls_key_file is None):
+        raise ConfigError("--tls-cert and --tls-key must be given together.")
+    if config.tls_client_ca_file is not None and config.tls_cert_file is None:
+        raise ConfigError("--tls-client-ca needs --tls-cert and --tls-key: mutual TLS is TLS first.")
+    for path, flag in (
+        (config.tls_cert_file, "--tls-cert"),
+        (config.tls_key_file, "--tls-key"),
+        (config.tls_client_ca_file, "--tls-client-ca"),
+    ):
+        if path is not None:
+            _check_pem_file(path, flag)
+
+
+def _check_timing(config: GatewayConfig) -> None:
+    if config.drain_grace_s < 0:
+        raise ConfigError(f"--drain-grace {config.drain_grace_s} must be 0 or more.")
+    _check_positive(config.shutdown_timeout_s, "--shutdown-timeout")
+    if config.drain_grace_s >= config.shutdown_timeout_s:
+        raise ConfigError(
+            f"--drain-grace {config.drain_grace_s} must be shorter than --shutdown-timeout "
+            f"{config.shutdown_timeout_s}, or in-flight calls get no time to finish."
+        )
+    _check_positive(config.health_interval_s, "--health-interval")
+    _check_positive(config.health_timeout_s, "--health-timeout")
+    if config.health_timeout_s > config.health_interval_s:
+        raise ConfigError(
+            f"--health-timeout {config.health_timeout_s} must not exceed --health-interval "
+            f"{config.health_interval_s}, or probes overlap."
+        )
+    _check_at_least_one(config.failure_threshold, "--failure-threshold")
+    _check_at_least_one(config.success_threshold, "--success-threshold")
+    _check_at_least_one(config.breaker_failure_threshold, "--breaker-failure-threshold")
+    _check_positive(config.breaker_open_s, "--breaker-open-seconds")
+    _check_positive(config.keepalive_time_s, "--keepalive-time")
+    _check_positive(config.keepalive_timeout_s, "--keepalive-timeout")
+    _check_positive(config.min_client_ping_interval_s, "--min-client-ping-interval")
+
+
+def _check_limits(config: GatewayConfig) -> None:
+    if not 1 <= config.max_message_bytes <= MAX_MESSAGE_BYTES_LIMIT:
+        raise ConfigError(
+            f"--max-message-bytes {config.max_message_bytes} must be in 1..{MAX_MESSAGE_BYTES_LIMIT}."
+        )
+    if config.max_in_flight is not None:
+        _check_at_least_one(config.max_in_flight, "--max-in-flight")
+    if config.policy not in POLICIES:
+        raise ConfigError(f"--policy {config.policy!r} must be one of {sorted(POLICIES)}.")
+    for key in config.api_keys:
+        if not key or not key.isascii() or not key.isprintable() or " " in key:
+            raise ConfigError("--api-key values must be non-empty printable ASCII without spaces.")
+
+
+def validate_config(config: GatewayConfig) -> GatewayConfig:
+    """Check every rule; return the config with parsed engine addresses, or raise ConfigError."""
+    _check_port(config.port, "--port", allow_zero=True)
+    if config.metrics_port is not None:
+        _check_port(config.metrics_port, "--metrics-port", allow_zero=True)
+        if config.metrics_port == config.port and config.port != 0:
+            raise ConfigError(f"--metrics-port {config.metrics_port} must differ from --port {config.port}.")
+    if not config.host:
+        raise ConfigError("--host must not be empty.")
+    addresses = _check_engines(config)
+    _check_tls(config)
+    _check_timing(config)
+    _check_limits(config)
+    return replace(config, engine_addresses=addresses)
+
+
+def read_api_key_file(path: str) -> tuple[str, ...]:
+    """Keys from a file, one a line; blank lines and `#` comments skipped. Raises ConfigError."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        raise ConfigError(f"--api-key-file {path!r} is not a readable UTF-8 file.") from None
+    keys = tuple(line.strip() for line in lines if line.strip() and not line.strip().startswith("#"))
+    if not keys:
+        raise ConfigError(f"--api-key-file {path!r} holds no key.")
+    return keys

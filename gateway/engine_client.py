@@ -1,0 +1,156 @@
+"""One engine as the gateway sees it: a grpc.aio channel, raw-bytes call objects, routing state.
+
+Generate and GenerateStream bodies pass through as bytes (no serializers on either side), so the
+gateway never pays for protobuf parsing of bodies it does not read; only the handshake, load and
+health calls are decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from dpgate.v1 import control_pb2
+from gateway.config import GatewayConfig
+from gateway.handshake import EngineIdentity, Refusal
+from gateway.health_state import CircuitBreaker, HealthState
+from gateway.metadata import RANK_KEY
+from gateway.routing import EngineView
+
+INFERENCE_SERVICE = "dpgate.v1.InferenceService"
+CONTROL_SERVICE = "dpgate.v1.ControlService"
+# Methods forwarded unary-to-unary as raw bytes: (service, method).
+UNARY_METHODS: tuple[tuple[str, str], ...] = (
+    (INFERENCE_SERVICE, "Generate"),
+    (CONTROL_SERVICE, "GetServerInfo"),
+    (CONTROL_SERVICE, "GetModelInfo"),
+    (CONTROL_SERVICE, "GetLoad"),
+    (CONTROL_SERVICE, "Abort"),
+)
+
+
+def engine_channel_options(config: GatewayConfig) -> list[tuple[str, int]]:
+    """Channel options toward engines.
+
+    The reconnect backoff is capped near the health interval: gRPC's default grows to two
+    minutes, which would keep a restarted engine out of rotation long after it is back. Retries
+    are ours (once, before the first token), so gRPC's transparent retry stays off.
+    """
+    backoff_ms = max(100, int(config.health_interval_s * 1000))
+    return [
+        ("grpc.max_receive_message_length", config.max_message_bytes),
+        ("grpc.max_send_message_length", config.max_message_bytes),
+        ("grpc.initial_reconnect_backoff_ms", min(100, backoff_ms)),
+        ("grpc.min_reconnect_backoff_ms", min(100, backoff_ms)),
+        ("grpc.max_reconnect_backoff_ms", backoff_ms),
+        ("grpc.enable_retries", 0),
+        # One connection per engine channel even when two channels name the same engine.
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+
+
+class EngineClient:
+    """The gateway's handle on one engine address.
+
+    `identity` is None until the engine passed the handshake (then it is "connected");
+    `refusal` holds why the last handshake was refused. `num_in_flight` counts calls this gateway
+    has open on the engine; `num_running`/`num_waiting` are the engine's last GetLoad answer.
+    """
+
+    def __init__(self, address: str, config: GatewayConfig) -> None:
+        self.address = address
+        self.channel = aio.insecure_channel(address, options=engine_channel_options(config))
+        self.unary = {
+            method: self.channel.unary_unary(f"/{service}/{method}", _registered_method=True)
+            for service, method in UNARY_METHODS
+        }
+        self.generate_stream = self.channel.unary_stream(
+            f"/{INFERENCE_SERVICE}/GenerateStream", _registered_method=True
+        )
+        self._get_server_info = self.channel.unary_unary(
+            f"/{CONTROL_SERVICE}/GetServerInfo",
+            request_serializer=control_pb2.GetServerInfoRequest.SerializeToString,
+            response_deserializer=control_pb2.GetServerInfoResponse.FromString,
+            _registered_method=True,
+        )
+        self._get_load = self.channel.unary_unary(
+            f"/{CONTROL_SERVICE}/GetLoad",
+            request_serializer=control_pb2.GetLoadRequest.SerializeToString,
+            response_deserializer=control_pb2.GetLoadResponse.FromString,
+            _registered_method=True,
+        )
+        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self.identity: EngineIdentity | None = None
+        self.refusal: Refusal | None = None
+        self.health = HealthState(config.failure_threshold, config.success_threshold)
+        self.breaker = CircuitBreaker(config.breaker_failure_threshold, config.breaker_open_s)
+        self.is_serving = False
+        self.num_in_flight = 0
+        self.num_running = 0
+        self.num_waiting = 0
+        self.rank_metadata: tuple[tuple[str, str], ...] = ()
+        # Set by a forwarded call that saw the engine fail, so the watcher probes at once.
+        self.wake = asyncio.Event()
+
+    @property
+    def rank(self) -> int | None:
+        return self.identity.rank if self.identity is not None else None
+
+    def accept(self, identity: EngineIdentity) -> None:
+        self.identity = identity
+        self.refusal = None
+        self.rank_metadata = ((RANK_KEY, str(identity.rank)),)
+
+    def view(self, now: float) -> EngineView:
+        """A routing snapshot; only valid for a connected engine."""
+        identity = self.identity
+        assert identity is not None  # the pool only views connected engines
+        return EngineView(
+            address=self.address,
+            rank=identity.rank,
+            model=identity.model,
+            is_healthy=self.health.is_healthy,
+            is_draining=not self.is_serving,
+            is_circuit_closed=self.breaker.allows_calls(now),
+            num_in_flight=self.num_in_flight,
+            num_running=self.num_running,
+            num_waiting=self.num_waiting,
+        )
+
+    async def fetch_identity(self, timeout: float) -> EngineIdentity:
+        info = await self._get_server_info(control_pb2.GetServerInfoRequest(), timeout=timeout)
+        parallelism = info.parallelism
+        return EngineIdentity(
+            address=self.address,
+            rank=parallelism.data_parallel_rank,
+            data_parallel_size=parallelism.data_parallel_size,
+            model=info.model,
+            version=info.version,
+            tensor_parallel_size=parallelism.tensor_parallel_size,
+            decode_context_parallel_size=parallelism.decode_context_parallel_size,
+            max_model_len=info.max_model_len,
+            kv_block_size=info.kv_block_size,
+            num_kv_blocks=info.num_kv_blocks,
+        )
+
+    async def check_serving(self, timeout: float) -> bool:
+        """True when the engine's inference service reports SERVING; raises AioRpcError if unreachable."""
+        request = health_pb2.HealthCheckRequest(service=INFERENCE_SERVICE)
+        response = await self._health.Check(request, timeout=timeout)
+        return response.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def refresh_load(self, timeout: float) -> None:
+        load = await self._get_load(control_pb2.GetLoadRequest(), timeout=timeout)
+        self.num_running = load.num_running
+        self.num_waiting = load.num_waiting
+
+    async def close(self) -> None:
+        await self.channel.close(grace=None)
+
+
+def is_unreachable(error: grpc.aio.AioRpcError) -> bool:
+    """Whether an engine call failed because the engine could not be reached at all."""
+    return error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -1,0 +1,161 @@
+"""The engines behind one gateway: handshake, continuous health watching, and routing snapshots.
+
+One watcher task per engine probes it every health interval (sooner when a forwarded call saw it
+fail): first the handshake (GetServerInfo, checked by `gateway.handshake`), then grpc.health.v1
+Check and GetLoad. An engine that went unhealthy handshakes again when it answers, because a
+restarted engine is a new process that may report a different rank or model; passing that
+handshake also closes its circuit breaker, so it takes calls again within one health interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+
+from gateway.config import GatewayConfig
+from gateway.engine_client import EngineClient
+from gateway.handshake import check_engine
+from gateway.metrics import GatewayMetrics
+from gateway.routing import EngineView
+from gateway.status_table import ENGINE_FAILURE_CODES
+
+logger = logging.getLogger("dpgate.gateway.engines")
+
+
+class EnginePool:
+    """All configured engines; `snapshot()` lists the connected ones for routing."""
+
+    def __init__(self, config: GatewayConfig, metrics: GatewayMetrics) -> None:
+        self._config = config
+        self._metrics = metrics
+        self.engines = [EngineClient(f"{host}:{port}", config) for host, port in config.engine_addresses]
+        self.by_address = {engine.address: engine for engine in self.engines}
+        self._tasks: list[asyncio.Task] = []
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` whenever any engine's health or serving state changes."""
+        self._listeners.append(listener)
+
+    def snapshot(self) -> list[EngineView]:
+        now = time.monotonic()
+        return [engine.view(now) for engine in self.engines if engine.identity is not None]
+
+    @property
+    def has_routable_engine(self) -> bool:
+        return any(e.identity is not None and e.health.is_healthy and e.is_serving for e in self.engines)
+
+    def connected(self) -> list[EngineClient]:
+        return [engine for engine in self.engines if engine.identity is not None]
+
+    # --- outcomes of forwarded calls ----------------------------------------------------------
+
+    def record_success(self, engine: EngineClient) -> None:
+        if engine.breaker.record_success():
+            self._circuit_changed(engine)
+
+    def record_failure(self, engine: EngineClient, code: grpc.StatusCode) -> None:
+        """Count an engine's failed call; codes that do not blame the engine are ignored."""
+        if code not in ENGINE_FAILURE_CODES:
+            if code is not grpc.StatusCode.CANCELLED and engine.breaker.record_success():
+                self._circuit_changed(engine)
+            return
+        if engine.breaker.record_failure(time.monotonic()):
+            self._circuit_changed(engine)
+        if code is grpc.StatusCode.UNAVAILABLE:
+            engine.wake.set()
+
+    def _circuit_changed(self, engine: EngineClient) -> None:
+        state = engine.breaker.state
+        logger.warning("engine %s (rank %s) circuit is now %s", engine.address, engine.rank, state.value)
+        if engine.rank is not None:
+            self._metrics.set_circuit_state(engine.rank, engine.address, state)
+
+    # --- watching -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for engine in self.engines:
+            self._tasks.append(asyncio.create_task(self._watch(engine), name=f"watch {engine.address}"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(engine.close() for engine in self.engines), return_exceptions=True)
+
+    async def _watch(self, engine: EngineClient) -> None:
+        while True:
+            engine.wake.clear()
+            await self._probe(engine)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(engine.wake.wait(), self._config.health_interval_s)
+
+    async def _probe(self, engine: EngineClient) -> None:
+        timeout = self._config.health_timeout_s
+        try:
+            needs_handshake = engine.identity is None or not engine.health.is_healthy
+            if needs_handshake and not await self._handshake(engine, timeout):
+                return
+            is_serving = await engine.check_serving(timeout)
+            if is_serving:
+                await engine.refresh_load(timeout)
+        except grpc.aio.AioRpcError:
+            self._probe_failed(engine)
+            return
+        self._probe_succeeded(engine, is_serving)
+
+    async def _handshake(self, engine: EngineClient, timeout: float) -> bool:
+        """Ask the engine who it is and accept or refuse it; False when it is not (or no longer) usable."""
+        identity = await engine.fetch_identity(timeout)
+        accepted = [other.identity for other in self.engines if other.identity is not None]
+        refusal = check_engine(identity, accepted)
+        if refusal is not None:
+            if engine.refusal != refusal:
+                logger.error("refused %s", refusal.message)
+                self._metrics.engines_refused.labels(reason=refusal.reason.value).inc()
+            was_connected = engine.identity is not None
+            engine.identity, engine.refusal = None, refusal
+            if was_connected:
+                self._notify()
+            return False
+        if engine.identity != identity:
+            logger.info(
+                "engine %s connected: data parallel rank %d of %d, model %r",
+                engine.address,
+                identity.rank,
+                identity.data_parallel_size,
+                identity.model,
+            )
+        engine.accept(identity)
+        if engine.breaker.reset():
+            self._circuit_changed(engine)
+        return True
+
+    def _probe_failed(self, engine: EngineClient) -> None:
+        changed = engine.health.record_failure()
+        engine.is_serving = False
+        if changed:
+            logger.warning("engine %s (rank %s) is unhealthy", engine.address, engine.rank)
+            self._publish_health(engine)
+
+    def _probe_succeeded(self, engine: EngineClient, is_serving: bool) -> None:
+        changed = engine.health.record_success() or engine.is_serving != is_serving
+        engine.is_serving = is_serving
+        if changed:
+            state = "serving" if is_serving else "reachable but not serving"
+            logger.info("engine %s (rank %s) is healthy, %s", engine.address, engine.rank, state)
+            self._publish_health(engine)
+
+    def _publish_health(self, engine: EngineClient) -> None:
+        if engine.rank is not None:
+            self._metrics.set_engine_health(engine.rank, engine.address, engine.health.is_healthy)
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in self._listeners:
+            listener()

@@ -1,0 +1,124 @@
+"""`dpgate gateway`: run the front door in front of engines given with `--engine HOST:PORT`.
+
+Flags are read once into a `GatewayConfig` and validated as a whole; a bad flag or combination
+exits 2 with one sentence naming the flag. On start the gateway prints one line
+`dpgate gateway listening on HOST:PORT` to stdout (with the real port when `--port 0`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from gateway.config import ConfigError, GatewayConfig, read_api_key_file, validate_config
+from gateway.logs import configure_logging
+from gateway.routing import POLICIES
+
+logger = logging.getLogger("dpgate.gateway")
+_DEFAULTS = GatewayConfig(engines=())
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = _DEFAULTS
+    add = parser.add_argument
+    add("--engine", action="append", default=[], metavar="HOST:PORT",
+        help="an engine to forward to; repeat for each data parallel rank")
+    add("--host", default=d.host, help=f"address to bind (default {d.host})")
+    add("--port", type=int, default=d.port, help=f"port to serve on, 0 for a free one (default {d.port})")
+    add("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: off)")
+    add("--policy", default=d.policy, choices=sorted(POLICIES), help="how unpinned calls pick an engine")
+    add("--api-key", action="append", default=[], help="accept `authorization: Bearer KEY` (repeatable)")
+    add("--api-key-file", help="file of accepted API keys, one a line")
+    add("--tls-cert", help="PEM certificate chain for TLS to clients")
+    add("--tls-key", help="PEM private key for --tls-cert")
+    add("--tls-client-ca", help="PEM CA bundle; clients must show a certificate it signed (mutual TLS)")
+    add("--max-message-bytes", type=int, default=d.max_message_bytes, help="largest message either way")
+    add("--max-in-flight", type=int, help="refuse calls beyond this many in flight (default: no limit)")
+    add("--keepalive-time", type=float, default=d.keepalive_time_s, help="seconds between server pings")
+    add("--keepalive-timeout", type=float, default=d.keepalive_timeout_s, help="seconds to await a ping ack")
+    add("--min-client-ping-interval", type=float, default=d.min_client_ping_interval_s,
+        help="shortest accepted interval between client keepalive pings, seconds")
+    add("--drain-grace", type=float, default=d.drain_grace_s,
+        help="seconds between NOT_SERVING and refusing new calls on SIGTERM")
+    add("--shutdown-timeout", type=float, default=d.shutdown_timeout_s,
+        help="seconds from SIGTERM until in-flight calls are cancelled")
+    add("--health-interval", type=float, default=d.health_interval_s, help="seconds between engine probes")
+    add("--health-timeout", type=float, default=d.health_timeout_s, help="seconds a probe may take")
+    add("--failure-threshold", type=int, default=d.failure_threshold, help="failed probes before unhealthy")
+    add("--success-threshold", type=int, default=d.success_threshold, help="good probes before healthy")
+    add("--breaker-failure-threshold", type=int, default=d.breaker_failure_threshold,
+        help="failed calls in a row that open an engine's circuit")
+    add("--breaker-open-seconds", type=float, default=d.breaker_open_s,
+        help="seconds an open circuit waits before trying the engine again")
+    add("--log-json", action="store_true", help="log one JSON object a line")
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """Build and validate the config; raises ConfigError naming the flag."""
+    api_keys = tuple(args.api_key)
+    if args.api_key_file:
+        api_keys += read_api_key_file(args.api_key_file)
+    config = GatewayConfig(
+        engines=tuple(args.engine),
+        host=args.host,
+        port=args.port,
+        metrics_port=args.metrics_port,
+        policy=args.policy,
+        api_keys=api_keys,
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+        tls_client_ca_file=args.tls_client_ca,
+        max_message_bytes=args.max_message_bytes,
+        max_in_flight=args.max_in_flight,
+        keepalive_time_s=args.keepalive_time,
+        keepalive_timeout_s=args.keepalive_timeout,
+        min_client_ping_interval_s=args.min_client_ping_interval,
+        drain_grace_s=args.drain_grace,
+        shutdown_timeout_s=args.shutdown_timeout,
+        health_interval_s=args.health_interval,
+        health_timeout_s=args.health_timeout,
+        failure_threshold=args.failure_threshold,
+        success_threshold=args.success_threshold,
+        breaker_failure_threshold=args.breaker_failure_threshold,
+        breaker_open_s=args.breaker_open_seconds,
+        log_json=args.log_json,
+    )
+    return validate_config(config)
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Run until SIGTERM/SIGINT, then drain."""
+    from gateway.server import GatewayServer
+
+    gateway = GatewayServer(config)
+    port = await gateway.start()
+    metrics = f", metrics on {config.host}:{gateway.metrics_port}" if gateway.metrics_port is not None else ""
+    print(f"dpgate gateway listening on {config.host}:{port}{metrics}", flush=True)
+    logger.info("forwarding to %s with policy %s", ", ".join(config.engines), config.policy)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await gateway.drain()
+    logger.info("stopped")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ConfigError as error:
+        print(f"dpgate gateway: error: {error}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_json)
+    import uvloop
+
+    try:
+        uvloop.run(serve(config))
+    except OSError as error:  # typically the port is taken
+        print(f"dpgate gateway: error: cannot serve on {config.host}:{config.port}: {error}", file=sys.stderr)
+        return 1
+    return 0

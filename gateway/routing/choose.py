@@ -1,0 +1,63 @@
+"""`choose_engine_for_request`: the filter chain, then one policy pick (DESIGN.md rules 2 and 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gateway.errors import InvalidArgument, NotFound, Unavailable
+from gateway.routing.filters import FILTERS, RouteRequest
+from gateway.routing.policies import RoutingPolicy
+from gateway.routing.snapshot import EngineView
+
+__all__ = ["RouteRequest", "choose_engine_for_request"]
+
+
+def _not_connected_message(rank: int, engines: Sequence[EngineView]) -> str:
+    ranks = sorted({engine.rank for engine in engines})
+    return f"data parallel rank {rank} is not connected to this gateway; connected ranks: {ranks}"
+
+
+def _choose_pinned(engines: Sequence[EngineView], request: RouteRequest) -> EngineView:
+    """The engine owning the pinned rank, or the error that says why it cannot serve.
+
+    Rank numbers are global, so the owner is found by rank, never by position, and a rank no
+    engine owns is the client's mistake (INVALID_ARGUMENT), never a reason to use another rank.
+    """
+    rank = request.rank
+    assert rank is not None  # our invariant: only called for pinned requests
+    owners = [engine for engine in engines if engine.rank == rank]
+    if not owners:
+        raise InvalidArgument(_not_connected_message(rank, engines))
+    # The handshake keeps ranks unique, so there is one owner; checking each keeps this honest.
+    for engine_filter in FILTERS:
+        kept = [engine for engine in owners if engine_filter.keep(engine, request)]
+        if not kept:
+            message = f"data parallel rank {rank} {engine_filter.reason}"
+            if engine_filter.name == "model":
+                raise NotFound(f"model {request.model!r} is not served by data parallel rank {rank}")
+            raise Unavailable(message)
+        owners = kept
+    return owners[0]
+
+
+def choose_engine_for_request(
+    engines: Sequence[EngineView], request: RouteRequest, policy: RoutingPolicy
+) -> EngineView:
+    """Return the engine that serves `request`, or raise a `gateway.errors` exception.
+
+    A pinned rank skips the policy: the rank decides. Unpinned requests go through every filter
+    and the policy picks among the survivors.
+    """
+    if request.rank is not None:
+        return _choose_pinned(engines, request)
+    candidates = list(engines)
+    if not candidates:
+        raise Unavailable("no engine is connected to this gateway")
+    for engine_filter in FILTERS:
+        kept = [engine for engine in candidates if engine_filter.keep(engine, request)]
+        if not kept:
+            if engine_filter.name == "model":
+                raise NotFound(f"model {request.model!r} is not served by any connected engine")
+            raise Unavailable(f"no engine can serve the request: every candidate {engine_filter.reason}")
+        candidates = kept
+    return candidates[policy.select(candidates)]

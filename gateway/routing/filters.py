@@ -1,0 +1,69 @@
+"""The filters of `choose_engine_for_request`, one small predicate each, in the order they run.
+
+Each filter keeps an engine that may serve the request. The chain order is part of the contract:
+when a pinned rank's engine is filtered out, the first filter that removed it names the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gateway.routing.snapshot import EngineView
+
+
+@dataclass(slots=True, frozen=True)
+class RouteRequest:
+    """What routing knows about a call: its pinned rank, the model (when known) and engines to skip.
+
+    `model` is None when the gateway did not read the body (it forwards bodies as raw bytes); the
+    engine then answers NOT_FOUND for a model it does not serve. `excluded_addresses` holds engines
+    already tried by this call, so a retry never lands on the same engine.
+    """
+
+    rank: int | None = None
+    model: str | None = None
+    excluded_addresses: frozenset[str] = frozenset()
+
+
+@dataclass(slots=True, frozen=True)
+class EngineFilter:
+    """One link of the chain: a predicate and the phrase that explains a rejection."""
+
+    name: str
+    reason: str
+    keep: Callable[[EngineView, RouteRequest], bool]
+
+
+def _is_healthy(engine: EngineView, request: RouteRequest) -> bool:
+    return engine.is_healthy
+
+
+def _serves_model(engine: EngineView, request: RouteRequest) -> bool:
+    return not request.model or engine.model == request.model
+
+
+def _is_not_draining(engine: EngineView, request: RouteRequest) -> bool:
+    return not engine.is_draining
+
+
+def _is_circuit_closed(engine: EngineView, request: RouteRequest) -> bool:
+    return engine.is_circuit_closed
+
+
+def _is_not_excluded(engine: EngineView, request: RouteRequest) -> bool:
+    return engine.address not in request.excluded_addresses
+
+
+def _matches_rank(engine: EngineView, request: RouteRequest) -> bool:
+    return request.rank is None or engine.rank == request.rank
+
+
+FILTERS: tuple[EngineFilter, ...] = (
+    EngineFilter("healthy", "is not healthy", _is_healthy),
+    EngineFilter("model", "does not serve the model", _serves_model),
+    EngineFilter("draining", "is draining", _is_not_draining),
+    EngineFilter("circuit", "has an open circuit breaker", _is_circuit_closed),
+    EngineFilter("excluded", "already failed this call", _is_not_excluded),
+    EngineFilter("rank", "does not own the rank", _matches_rank),
+)

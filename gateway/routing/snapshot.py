@@ -1,0 +1,33 @@
+"""The routing view of one engine: plain data copied from the pool at the moment of a decision."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, frozen=True)
+class EngineView:
+    """What the filters and policies may know about one connected (handshaken) engine.
+
+    `num_in_flight` is counted by this gateway and always current; `num_running` and `num_waiting`
+    come from the engine's last GetLoad answer and may be one health interval old.
+    """
+
+    address: str
+    rank: int
+    model: str
+    is_healthy: bool
+    is_draining: bool
+    is_circuit_closed: bool
+    num_in_flight: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+
+    @property
+    def load(self) -> int:
+        """The larger of what this gateway sent and what the engine reports (DESIGN.md rule 5).
+
+        Taking the max rather than the sum avoids counting our own calls twice, while still seeing
+        load from other gateway replicas that share the engine.
+        """
+        return max(self.num_in_flight, self.num_running + self.num_waiting)
