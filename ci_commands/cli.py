@@ -18,6 +18,7 @@ from ci_commands import buildkite, github
 from ci_commands.actions import Target
 from ci_commands.authorize import Policy
 from ci_commands.dispatch import Outcome, Services, handle
+from ci_commands.event import parse_event
 from ci_commands.ownership import DEFAULT_PR_META_KEY
 from ci_commands.webhook import make_receiver
 
@@ -87,14 +88,24 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except ConfigError as error:
         print(f"ci_commands: {error}", file=sys.stderr)
         return 2
-    with open(args.event, encoding="utf-8") as handle_:
-        payload = json.load(handle_)
-    if not isinstance(payload, dict):
-        print("ci_commands: event payload is not a JSON object", file=sys.stderr)
+    try:
+        payload = _read_event(args.event)
+        event = parse_event(payload)  # malformed payloads stop here, before any API call
+    except (OSError, ValueError) as error:
+        print(f"ci_commands: cannot use event {args.event}: {error}", file=sys.stderr)
         return 2
-    outcome = handle(payload, services)
+    outcome = handle(payload, services) if event is not None else Outcome.IGNORED
     print(f"ci_commands: {outcome.name.lower()}: {outcome.value}")
     return EXIT_CODES[outcome]
+
+
+def _read_event(path: str) -> Mapping[str, object]:
+    """Read the payload; JSON and shape errors become ValueError, before any API call."""
+    with open(path, encoding="utf-8") as file:
+        payload = json.load(file)
+    if not isinstance(payload, dict):
+        raise ValueError("the payload is not a JSON object")
+    return payload
 
 
 def _serve(args: argparse.Namespace, env: Mapping[str, str], services: Services) -> int:

@@ -18,8 +18,11 @@ from ci_commands.authorize import Actor, Decision, Permission, Policy, Reason, a
 from ci_commands.commands import NEEDS_OPEN_PULL_REQUEST, Command, parse_command
 from ci_commands.dedupe import Claim, claim_comment
 from ci_commands.event import CommentEvent, parse_event
-from ci_commands.github import GitHubClient
+from ci_commands.github import GitHubClient, PaginationError
 from ci_commands.pulls import PullRequest
+
+FACT_ERRORS = (*RECOVERABLE, PaginationError, KeyError)
+"""Failures reading GitHub or Buildkite that are answered on the PR instead of crashing the run."""
 
 
 class Outcome(enum.Enum):
@@ -27,7 +30,7 @@ class Outcome(enum.Enum):
     DUPLICATE = "already handled by an earlier delivery"
     REFUSED = "refused, with a reply"
     DONE = "done, with a reply"
-    FAILED = "a Buildkite call failed, with a reply"
+    FAILED = "an API call failed, with a reply"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,23 +51,17 @@ def handle(payload: Mapping[str, object], services: Services) -> Outcome:
     github = services.github
     if claim_comment(github, event.repository, event.comment_id) is Claim.DUPLICATE:
         return Outcome.DUPLICATE
-    pull = github.get_pull(event.repository, event.pr_number)
-    decision = gather_and_authorize(github, services.policy, event, pull)
-    reply = _refusal(command, event, pull, decision)
-    if reply is not None:
-        github.create_comment(event.repository, event.pr_number, reply)
-        return Outcome.REFUSED
     try:
-        reply = _execute(command, services.target, pull, event.commenter)
-    except RECOVERABLE as error:
-        github.create_comment(
-            event.repository,
-            event.pr_number,
-            replies.failure(command, event.commenter, describe_error(error)),
-        )
+        pull = github.get_pull(event.repository, event.pr_number)
+        decision = gather_and_authorize(github, services.policy, event, pull)
+        refusal = _refusal(command, event, pull, decision)
+        reply = refusal or _execute(command, services.target, pull, event.commenter)
+    except FACT_ERRORS as error:
+        failure = replies.failure(command, event.commenter, describe_error(error))
+        github.create_comment(event.repository, event.pr_number, failure)
         return Outcome.FAILED
     github.create_comment(event.repository, event.pr_number, reply)
-    return Outcome.DONE
+    return Outcome.REFUSED if refusal else Outcome.DONE
 
 
 def gather_and_authorize(

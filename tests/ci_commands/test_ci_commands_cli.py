@@ -106,3 +106,24 @@ def test_python_dash_m_runs_the_workflow_command(fake_api: FakeApi, event_file: 
     assert result.returncode == 0, result.stderr
     assert "done" in result.stdout
     assert fake_api.cancelled_numbers() == [1]
+
+
+@pytest.mark.parametrize("content", ["not json", "[1]"], ids=["not-json", "not-object"])
+def test_unusable_event_files_exit_two_without_api_calls(
+    fake_api: FakeApi, tmp_path: Path, content: str
+) -> None:
+    path = tmp_path / "event.json"
+    path.write_text(content)
+    assert main(["--event", str(path)], environment(fake_api)) == 2
+    assert fake_api.calls == []
+
+
+def test_malformed_pull_request_comment_exits_two(fake_api: FakeApi, tmp_path: Path) -> None:
+    path = tmp_path / "event.json"
+    path.write_text(json.dumps({"action": "created", "issue": {"number": 1, "pull_request": {"url": "u"}}}))
+    assert main(["--event", str(path)], environment(fake_api)) == 2
+    assert fake_api.calls == []
+
+
+def test_missing_event_file_exits_two(fake_api: FakeApi, tmp_path: Path) -> None:
+    assert main(["--event", str(tmp_path / "absent.json")], environment(fake_api)) == 2

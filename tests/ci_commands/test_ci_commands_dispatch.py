@@ -303,3 +303,13 @@ def test_unsafe_pagination_link_is_reported_not_followed(
     assert handle(comment_event("/ci cancel", login=maint), services) is Outcome.FAILED
     assert fake_api.calls_to("PUT", ".") == []
     assert "refusing to follow" in fake_api.comments[0][1]
+
+
+def test_unknown_pull_request_is_answered_not_crashed(
+    fake_api: FakeApi, services: Services, comment_event: Event, maint: str
+) -> None:
+    assert handle(comment_event("/ci status", login=maint, number=77), services) is Outcome.FAILED
+    assert buildkite_calls(fake_api) == []
+    assert fake_api.comments == [
+        (77, "`/ci status` (requested by @maint) failed: HTTP 404: Not Found. Nothing further was attempted.")
+    ]
