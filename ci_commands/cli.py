@@ -37,7 +37,8 @@ class ConfigError(Exception):
 
 
 def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ci_commands", description=__doc__.splitlines()[0])
+    summary = __doc__.splitlines()[0] if __doc__ else None  # docstrings vanish under -OO
+    parser = argparse.ArgumentParser(prog="python -m ci_commands", description=summary)
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--event", metavar="PATH", help="issue_comment event payload (GITHUB_EVENT_PATH)")
     mode.add_argument("--serve", metavar="PORT", type=int, help="receive signed webhooks on this port")

@@ -24,7 +24,7 @@ BUILDS_PATH = f"/buildkite/v2/organizations/{ORG}/pipelines/{PIPELINE}/builds"
 CANCELLABLE = {"scheduled", "running", "failing", "blocked"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Call:
     method: str
     path: str
@@ -32,7 +32,7 @@ class Call:
     body: object
 
 
-@dataclass
+@dataclass(slots=True)
 class FakeApi:
     """State of both fake services; tests arrange it, run code, then read ``calls``."""
 
