@@ -1,0 +1,137 @@
+"""Bridges the synchronous engine core to asyncio: one engine thread, typed commands in,
+per-request output queues out.
+
+Synchronisation: the event loop never touches `LLMEngine`; it sends `AddRequest`/`AbortRequest`
+commands through a thread-safe queue. The engine thread drains commands before every step and
+hands each `StepOutput` back with `loop.call_soon_threadsafe`, so every per-request
+`asyncio.Queue` is only ever used on the loop. Load figures are read from plain ints the engine
+thread publishes after each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from engines.engine import LLMEngine
+from engines.sequence import Sequence, StepOutput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    seq: Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    pass
+
+
+Command = AddRequest | AbortRequest | Shutdown
+
+
+class EngineFailedError(RuntimeError):
+    """The engine thread raised; the request cannot complete."""
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop):
+        self.engine = engine
+        self.loop = loop
+        self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self.streams: dict[str, asyncio.Queue[StepOutput | BaseException]] = {}
+        self.num_running = 0
+        self.num_waiting = 0
+        self.kv_usage = 0.0
+        self.thread = threading.Thread(target=self._run, name="dpgate-engine", daemon=True)
+        self.thread.start()
+
+    def is_active(self, request_id: str) -> bool:
+        return request_id in self.streams
+
+    async def generate(self, seq: Sequence) -> AsyncIterator[StepOutput]:
+        """Yield the request's step outputs until it finishes. Leaving early (the client went
+        away or the call was cancelled) aborts the request in the engine."""
+        if seq.request_id in self.streams:
+            raise ValueError(f"request_id {seq.request_id!r} is already running")
+        outputs: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
+        self.streams[seq.request_id] = outputs
+        self.commands.put(AddRequest(seq))
+        finished = False
+        try:
+            while not finished:
+                output = await outputs.get()
+                if isinstance(output, BaseException):
+                    raise EngineFailedError(str(output)) from output
+                finished = output.finish_reason is not None
+                yield output
+        finally:
+            self.streams.pop(seq.request_id, None)
+            if not finished:
+                self.commands.put(AbortRequest(seq.request_id))
+
+    def abort(self, request_ids: list[str]) -> list[str]:
+        """Ask the engine to end these requests; returns the ids that were active."""
+        active = [rid for rid in request_ids if rid in self.streams]
+        for rid in active:
+            self.commands.put(AbortRequest(rid))
+        return active
+
+    def shutdown(self) -> None:
+        self.commands.put(Shutdown())
+        self.thread.join(timeout=10)
+
+    def _deliver(self, output: StepOutput | BaseException, request_id: str) -> None:
+        stream = self.streams.get(request_id)
+        if stream is not None:
+            stream.put_nowait(output)
+
+    def _send(self, output: StepOutput) -> None:
+        self.loop.call_soon_threadsafe(self._deliver, output, output.request_id)
+
+    def _apply(self, command: Command) -> bool:
+        """Apply one command; False means shut down."""
+        if isinstance(command, Shutdown):
+            return False
+        if isinstance(command, AddRequest):
+            self.engine.add(command.seq)
+        else:
+            aborted = self.engine.abort(command.request_id)
+            if aborted is not None:
+                self._send(aborted)
+        return True
+
+    def _run(self) -> None:
+        while True:
+            try:
+                # Block only when idle; otherwise just drain what has arrived.
+                pending = [] if self.engine.has_work else [self.commands.get()]
+                while not self.commands.empty():
+                    pending.append(self.commands.get_nowait())
+                if not all(self._apply(command) for command in pending):
+                    return
+                if self.engine.has_work:
+                    for output in self.engine.step():
+                        self._send(output)
+                self.num_running, self.num_waiting = self.engine.num_running, self.engine.num_waiting
+                self.kv_usage = self.engine.kv_usage
+            except Exception as error:  # a failing step must not hang its clients
+                logger.exception("engine step failed")
+                self._fail_running(error)
+
+    def _fail_running(self, error: Exception) -> None:
+        seq = self.engine.running
+        self.engine.running = None
+        if seq is not None:
+            self.loop.call_soon_threadsafe(self._deliver, error, seq.request_id)

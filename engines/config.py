@@ -1,0 +1,92 @@
+"""EngineConfig: every engine flag, read once and validated as a whole before anything starts.
+
+A bad value ends start-up with exit status 2 and one sentence naming the flag and the rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+import torch
+
+from engines.model_source import DEFAULT_MODEL
+
+DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+DEFAULT_PORT = 50051
+
+
+class ConfigError(ValueError):
+    """One sentence naming the flag and the rule it breaks."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    dtype: str = "bfloat16"
+    max_model_len: int | None = None
+    data_parallel_rank: int = 0
+    data_parallel_size: int = 1
+    metrics_port: int | None = None
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def validate(self) -> None:
+        _check_port("--port", self.port)
+        if self.metrics_port is not None:
+            _check_port("--metrics-port", self.metrics_port)
+            if self.metrics_port == self.port:
+                raise ConfigError(f"--metrics-port {self.metrics_port} must differ from --port")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"--dtype {self.dtype} must be one of {', '.join(DTYPES)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ConfigError(f"--max-model-len {self.max_model_len} must be >= 2")
+        if self.data_parallel_size < 1:
+            raise ConfigError(f"--data-parallel-size {self.data_parallel_size} must be >= 1")
+        if not 0 <= self.data_parallel_rank < self.data_parallel_size:
+            raise ConfigError(
+                f"--data-parallel-rank {self.data_parallel_rank} must be in [0, {self.data_parallel_size - 1}] "
+                f"for --data-parallel-size {self.data_parallel_size}"
+            )
+        if not self.host:
+            raise ConfigError("--host must not be empty")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EngineConfig:
+        return cls(
+            model=args.model,
+            served_model_name=args.served_model_name,
+            host=args.host,
+            port=args.port,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            data_parallel_rank=args.data_parallel_rank,
+            data_parallel_size=args.data_parallel_size,
+            metrics_port=args.metrics_port,
+        )
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help="known model name, GGUF file or Hugging Face directory (default: %(default)s)",
+    )
+    parser.add_argument("--served-model-name", default=None, help="name clients use (default: from --model)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="gRPC port (default: %(default)s)")
+    parser.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16, float16 or float32")
+    parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
+    parser.add_argument("--data-parallel-rank", type=int, default=0, help="this engine's global DP rank")
+    parser.add_argument("--data-parallel-size", type=int, default=1, help="number of DP ranks in the deployment")
+    parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port (default: off)")
+
+
+def _check_port(flag: str, port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{flag} {port} must be in [1, 65535]")

@@ -1,0 +1,36 @@
+"""`dpgate engine`: run one engine process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+from engines.config import ConfigError, EngineConfig, add_engine_arguments
+from engines.gguf_reader import GGUFFormatError
+from engines.model_config import UnsupportedModelError
+from engines.model_source import ModelNotFoundError
+
+# Start-up errors that are the user's to fix: one sentence, exit status 2.
+USER_ERRORS = (ConfigError, ModelNotFoundError, GGUFFormatError, UnsupportedModelError)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_engine_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = EngineConfig.from_args(args)
+    try:
+        config.validate()
+        import uvloop
+
+        from engines.server import serve
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(serve(config))
+    except USER_ERRORS as error:
+        print(f"dpgate engine: {error}", file=sys.stderr)
+        return 2

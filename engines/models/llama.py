@@ -1,0 +1,178 @@
+"""A Llama-family decoder in plain PyTorch, shaped for serving.
+
+Projections that read the same input are fused (`qkv_proj`, `gate_up_proj`) so a step issues
+fewer, larger matmuls. Attention reads and writes a `KVCache` owned by the runner; what a step
+attends to travels explicitly in `AttentionMetadata`. Numerics follow the reference Llama
+(RMSNorm and rotary embedding computed in float32), so float32 runs match transformers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engines.model_config import ModelConfig
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """What one forward step attends to, for a single sequence.
+
+    `start` tokens are already in the cache; the step adds `num_tokens` at positions
+    start .. start+num_tokens-1 and each new token attends causally to all cached ones.
+    """
+
+    start: int
+    num_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_tokens
+
+
+class KVCache:
+    """Contiguous key/value storage for one sequence: `keys[layer]` is [kv_heads, max_len, head_dim],
+    laid out so the attended prefix is a view, never a copy."""
+
+    def __init__(self, config: ModelConfig, max_len: int, dtype: torch.dtype):
+        shape = (config.num_layers, config.num_kv_heads, max_len, config.head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype)
+        self.values = torch.zeros(shape, dtype=dtype)
+        self.max_len = max_len
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Precomputed float32 cos/sin tables, [max_positions, head_dim], in the rotate-half layout."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float):
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.int64).float(), inv_freq)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for `positions` [tokens], in `dtype`; looked up once per step, used by every layer."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x: [heads, tokens, head_dim] by the step's cos/sin tables [tokens, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.scale = self.head_dim**-0.5
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim).transpose(0, 1), *rope)
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim).transpose(0, 1), *rope)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)
+        keys, values = cache.keys[self.layer_index], cache.values[self.layer_index]
+        keys[:, meta.start : meta.end] = k
+        values[:, meta.start : meta.end] = v
+        keys, values = keys[:, : meta.end], values[:, : meta.end]
+        if num_tokens == 1:
+            out = self._decode_attention(q, keys, values)
+            return self.o_proj(out.reshape(1, self.q_size))
+        if meta.start == 0:
+            mask, is_causal = None, True
+        else:
+            query_positions = torch.arange(meta.start, meta.end)
+            mask, is_causal = torch.arange(meta.end)[None, :] <= query_positions[:, None], False
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=True
+        )
+        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, self.q_size))
+
+    def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """One query token against the cache without repeating kv heads: the query heads sharing a
+        kv head are stacked as rows. q: [heads, 1, dim]; keys/values: [kv_heads, len, dim]."""
+        grouped = q.view(self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
+        scores = torch.bmm(grouped, keys.transpose(1, 2)).float() * self.scale
+        probs = scores.softmax(-1).to(values.dtype)
+        return torch.bmm(probs, values)  # [kv_heads, group, dim] == heads in order
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer_index)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(self, hidden, rope, cache, meta) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, cache, meta)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama decoder with its language-model head. `forward` returns the last position's logits."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids: [num_tokens] int64 -> float32 logits [vocab_size] of the last token."""
+        positions = torch.arange(meta.start, meta.end)
+        hidden = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(hidden, rope, cache, meta)
+        return self.lm_head(self.norm(hidden[-1:]))[0].float()

@@ -1,0 +1,79 @@
+"""Per-request generation parameters, validated where they enter from the wire.
+
+`SamplingParams` and `StoppingParams` are plain data the sampler and the sequence read;
+`InvalidRequestError` names the field and the rule, and the server turns it into INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_TOP_LOGPROBS = 20
+
+
+class InvalidRequestError(ValueError):
+    """A request field breaks a rule; the message names the field and the rule."""
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick each next token. temperature == 0 means greedy."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    top_logprobs: int | None = None  # None: no logprobs; n >= 0: sampled token plus n alternatives
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int) -> None:
+        require(self.temperature >= 0.0, "sampling.temperature must be >= 0")
+        require(self.top_k >= 0, "sampling.top_k must be >= 0 (0 disables it)")
+        require(0.0 < self.top_p <= 1.0, "sampling.top_p must be in (0, 1]")
+        require(0.0 <= self.min_p <= 1.0, "sampling.min_p must be in [0, 1]")
+        require(self.repetition_penalty > 0.0, "sampling.repetition_penalty must be > 0")
+        require(-2.0 <= self.presence_penalty <= 2.0, "sampling.presence_penalty must be in [-2, 2]")
+        require(-2.0 <= self.frequency_penalty <= 2.0, "sampling.frequency_penalty must be in [-2, 2]")
+        for token_id, bias in self.logit_bias.items():
+            require(token_id < vocab_size, f"sampling.logit_bias token id {token_id} must be < vocab size {vocab_size}")
+            require(-100.0 <= bias <= 100.0, f"sampling.logit_bias value for token {token_id} must be in [-100, 100]")
+        if self.top_logprobs is not None:
+            require(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, f"logprobs.top_n must be in [0, {MAX_TOP_LOGPROBS}]")
+
+
+@dataclass(frozen=True, slots=True)
+class StoppingParams:
+    """When a request ends: max_tokens, stop strings and stop tokens (beside the model's eos)."""
+
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+
+    def validate(self, vocab_size: int, num_prompt_tokens: int, max_model_len: int) -> None:
+        require(self.max_tokens >= 1, "stopping.max_tokens must be >= 1")
+        room = max_model_len - num_prompt_tokens
+        require(
+            self.max_tokens <= room,
+            f"stopping.max_tokens ({self.max_tokens}) must be <= {room}: the prompt has {num_prompt_tokens} "
+            f"tokens and the model's context is {max_model_len}",
+        )
+        require(self.min_tokens >= 0, "stopping.min_tokens must be >= 0")
+        require(self.min_tokens <= self.max_tokens, "stopping.min_tokens must be <= stopping.max_tokens")
+        require(all(self.stop), "stopping.stop strings must not be empty")
+        for token_id in self.stop_token_ids:
+            require(token_id < vocab_size, f"stopping.stop_token_ids {token_id} must be < vocab size {vocab_size}")
+
+
+def require(condition: bool, message: str) -> None:
+    if not condition:
+        raise InvalidRequestError(message)

@@ -1,0 +1,129 @@
+"""Assemble and run one engine: load the model, bind gRPC, serve until SIGTERM or SIGINT.
+
+Start-up order is chosen so every user mistake fails fast and loudly: flags, then the model file,
+then the port, and only then the seconds of model loading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from dpgate import __version__
+from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
+from engines.async_engine import AsyncEngine
+from engines.config import ConfigError, EngineConfig
+from engines.engine import LLMEngine
+from engines.loader import LoadedModel, load
+from engines.metrics import EngineMetrics
+from engines.model_runner import ModelRunner
+from engines.model_source import resolve_model
+from engines.request_builder import ModelLimits
+from engines.servicers import ControlServicer, InferenceServicer
+
+logger = logging.getLogger("dpgate.engine")
+
+SERVICE_NAMES = (
+    generate_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name,
+    control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
+)
+SHUTDOWN_GRACE_S = 5.0
+
+
+def max_model_len_for(config: EngineConfig, loaded: LoadedModel) -> int:
+    model_max = loaded.config.max_position_embeddings
+    if config.max_model_len is None:
+        return model_max
+    if config.max_model_len > model_max:
+        raise ConfigError(f"--max-model-len {config.max_model_len} must be <= the model's context of {model_max}")
+    return config.max_model_len
+
+
+async def serve(config: EngineConfig) -> int:
+    started = time.monotonic()
+    source = resolve_model(config.model, config.served_model_name)
+    server = grpc.aio.server()
+    address = f"{config.host}:{config.port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as error:
+        raise ConfigError(f"--port {config.port}: cannot bind {address} ({error})") from error
+
+    loaded = await asyncio.to_thread(load, source, config.torch_dtype)
+    max_model_len = max_model_len_for(config, loaded)
+    runner = ModelRunner(loaded, max_model_len)
+    await asyncio.to_thread(runner.warm_up)
+    engine = AsyncEngine(LLMEngine(runner), asyncio.get_running_loop())
+    metrics = EngineMetrics()
+    metrics.running.set_function(lambda: engine.num_running)
+    metrics.waiting.set_function(lambda: engine.num_waiting)
+    tokenizer = loaded.tokenizer
+    limits = ModelLimits(source.name, loaded.config.vocab_size, max_model_len, tokenizer.eos_token_ids)
+
+    server_info = control_pb2.GetServerInfoResponse(
+        version=__version__,
+        parallelism=control_pb2.Parallelism(
+            data_parallel_rank=config.data_parallel_rank,
+            data_parallel_size=config.data_parallel_size,
+            tensor_parallel_size=1,
+            decode_context_parallel_size=1,
+        ),
+        model=source.name,
+        max_model_len=max_model_len,
+        kv_block_size=max_model_len,  # one contiguous block per sequence until the paged cache lands
+        num_kv_blocks=1,
+    )
+    model_info = control_pb2.GetModelInfoResponse(
+        model=source.name,
+        architecture=loaded.config.architecture,
+        vocab_size=loaded.config.vocab_size,
+        max_model_len=max_model_len,
+        eos_token_ids=sorted(tokenizer.eos_token_ids),
+        dtype=config.dtype,
+    )
+    if tokenizer.bos_token_id is not None:
+        model_info.bos_token_id = tokenizer.bos_token_id
+
+    generate_pb2_grpc.add_InferenceServiceServicer_to_server(
+        InferenceServicer(engine, limits, tokenizer.tokenizer, metrics), server
+    )
+    control_pb2_grpc.add_ControlServiceServicer_to_server(
+        ControlServicer(engine, server_info, model_info, metrics), server
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if config.metrics_port is not None:
+        metrics.serve(config.host, config.metrics_port)
+
+    await server.start()
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    logger.info(
+        "engine rank %d/%d serving %s on %s (%s, max_model_len %d) after %.1f s",
+        config.data_parallel_rank,
+        config.data_parallel_size,
+        source.name,
+        address,
+        config.dtype,
+        max_model_len,
+        time.monotonic() - started,
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    logger.info("engine shutting down")
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.stop(SHUTDOWN_GRACE_S)
+    engine.shutdown()
+    return 0

@@ -1,0 +1,160 @@
+"""The dpgate.v1 services of an engine, on grpc.aio.
+
+Handlers translate between the wire and `AsyncEngine`; each error type a request can raise maps
+to one status code in `STATUS_FOR_ERROR`, so no client ever sees a Python traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
+from engines.async_engine import AsyncEngine, EngineFailedError
+from engines.metrics import EngineMetrics
+from engines.request_builder import (
+    GenerateLike,
+    ModelLimits,
+    UnknownModelError,
+    UnsupportedFeatureError,
+    build_sequence,
+)
+from engines.sampling_params import InvalidRequestError
+from engines.sequence import FinishReason, StepOutput
+
+logger = logging.getLogger(__name__)
+
+STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
+    InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
+    UnknownModelError: grpc.StatusCode.NOT_FOUND,
+    UnsupportedFeatureError: grpc.StatusCode.UNIMPLEMENTED,
+    EngineFailedError: grpc.StatusCode.INTERNAL,
+}
+
+_WIRE_FINISH = {
+    FinishReason.LENGTH: generate_pb2.FINISH_REASON_LENGTH,
+    FinishReason.STOP: generate_pb2.FINISH_REASON_STOP,
+    FinishReason.ABORTED: generate_pb2.FINISH_REASON_ABORTED,
+}
+
+
+def status_for(error: Exception) -> grpc.StatusCode | None:
+    for error_type, code in STATUS_FOR_ERROR.items():
+        if isinstance(error, error_type):
+            return code
+    return None
+
+
+def finish_info(output: StepOutput) -> generate_pb2.FinishInfo:
+    info = generate_pb2.FinishInfo(
+        reason=_WIRE_FINISH[output.finish_reason],
+        num_prompt_tokens=output.num_prompt_tokens,
+        num_generated_tokens=output.num_generated_tokens,
+    )
+    if output.stop_string is not None:
+        info.stop_string = output.stop_string
+    elif output.stop_token_id is not None:
+        info.stop_token_id = output.stop_token_id
+    return info
+
+
+def wire_logprobs(output: StepOutput) -> list[generate_pb2.TokenLogprob]:
+    return [
+        generate_pb2.TokenLogprob(
+            token_id=sampled.token_id,
+            logprob=sampled.logprob,
+            top_logprobs=[generate_pb2.TopLogprob(token_id=t, logprob=lp) for t, lp in sampled.top_logprobs],
+        )
+        for sampled in output.logprobs
+    ]
+
+
+class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
+    def __init__(self, engine: AsyncEngine, limits: ModelLimits, tokenizer, metrics: EngineMetrics):
+        self.engine = engine
+        self.limits = limits
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+
+    async def Generate(self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
+        response = generate_pb2.GenerateResponse()
+        async for _, output in self._run("Generate", request, context):
+            response.request_id = output.request_id
+            response.text += output.text
+            response.token_ids.extend(output.token_ids)
+            response.logprobs.extend(wire_logprobs(output))
+            if output.finish_reason is not None:
+                response.finish.CopyFrom(finish_info(output))
+        return response
+
+    async def GenerateStream(
+        self, request: generate_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[generate_pb2.GenerateStreamResponse]:
+        first = True
+        async for seq, output in self._run("GenerateStream", request, context):
+            if first:
+                prompt = generate_pb2.PromptInfo(request_id=seq.request_id, prompt_token_ids=seq.prompt_ids)
+                yield generate_pb2.GenerateStreamResponse(prompt_info=prompt)
+                first = False
+            if output.text or output.token_ids:
+                delta = generate_pb2.Delta(text=output.text, token_ids=output.token_ids, logprobs=wire_logprobs(output))
+                yield generate_pb2.GenerateStreamResponse(delta=delta)
+            if output.finish_reason is not None:
+                yield generate_pb2.GenerateStreamResponse(finish=finish_info(output))
+
+    async def _run(self, rpc: str, request: GenerateLike, context: grpc.aio.ServicerContext):
+        """Validate, run and yield (sequence, step output); every failure becomes one status with a message."""
+        code = grpc.StatusCode.OK
+        try:
+            seq = build_sequence(request, self.limits, self.tokenizer)
+            if self.engine.is_active(seq.request_id):
+                raise InvalidRequestError(f"request_id {seq.request_id!r} is already in use by a running request")
+            async for output in self.engine.generate(seq):
+                yield seq, output
+        except Exception as error:
+            code = status_for(error)
+            if code is None:
+                code = grpc.StatusCode.INTERNAL
+                logger.exception("%s failed", rpc)
+            await context.abort(code, str(error))
+        except BaseException:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            self.metrics.requests.labels(rpc=rpc, code=code.name).inc()
+
+
+class ControlServicer(control_pb2_grpc.ControlServiceServicer):
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        server_info: control_pb2.GetServerInfoResponse,
+        model_info: control_pb2.GetModelInfoResponse,
+        metrics: EngineMetrics,
+    ):
+        self.engine = engine
+        self.server_info = server_info
+        self.model_info = model_info
+        self.metrics = metrics
+
+    async def GetServerInfo(self, request, context) -> control_pb2.GetServerInfoResponse:
+        self.metrics.requests.labels(rpc="GetServerInfo", code="OK").inc()
+        return self.server_info
+
+    async def GetModelInfo(self, request, context) -> control_pb2.GetModelInfoResponse:
+        self.metrics.requests.labels(rpc="GetModelInfo", code="OK").inc()
+        return self.model_info
+
+    async def GetLoad(self, request, context) -> control_pb2.GetLoadResponse:
+        self.metrics.requests.labels(rpc="GetLoad", code="OK").inc()
+        return control_pb2.GetLoadResponse(
+            num_running=self.engine.num_running,
+            num_waiting=self.engine.num_waiting,
+            kv_usage=self.engine.kv_usage,
+        )
+
+    async def Abort(self, request: control_pb2.AbortRequest, context) -> control_pb2.AbortResponse:
+        self.metrics.requests.labels(rpc="Abort", code="OK").inc()
+        return control_pb2.AbortResponse(aborted_request_ids=self.engine.abort(list(request.request_ids)))

@@ -1,0 +1,109 @@
+"""Load checkpoint weights into `LlamaForCausalLM`, from a GGUF file or a safetensors directory.
+
+Both paths produce the runner's own parameter names (fused `qkv_proj` and `gate_up_proj`).
+GGUF stores q/k rows permuted for llama.cpp's interleaved rotary layout; they are permuted
+back so one rotary implementation serves both sources. The model is built on the meta device
+and the loaded tensors are assigned, so no time is spent on a random initialisation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engines.gguf_reader import GGUFFile
+from engines.model_config import ModelConfig
+from engines.models.llama import LlamaForCausalLM, RotaryEmbedding
+
+_GGUF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm.weight",
+    "ffn_norm": "post_attention_layernorm.weight",
+    "attn_output": "self_attn.o_proj.weight",
+    "ffn_down": "mlp.down_proj.weight",
+}
+_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Undo llama.cpp's per-head permutation of q/k projection rows (interleaved -> rotate-half)."""
+    rows = weight.shape[0]
+    half_dim = rows // num_heads // 2
+    return weight.reshape(num_heads, half_dim, 2, -1).swapaxes(1, 2).reshape(weight.shape)
+
+
+def gguf_state_dict(gguf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """All runner parameters, float32, from a Llama GGUF (dequantized with the `gguf` package)."""
+    with ThreadPoolExecutor(max_workers=2) as pool:  # numpy dequantization releases the GIL
+        arrays = dict(zip(gguf.tensors, pool.map(gguf.tensor, gguf.tensors), strict=True))
+
+    def take(name: str) -> torch.Tensor:
+        return torch.from_numpy(arrays.pop(name))
+
+    state = {"embed_tokens.weight": take("token_embd.weight"), "norm.weight": take("output_norm.weight")}
+    if not config.tie_word_embeddings:
+        state["lm_head.weight"] = take("output.weight")
+    for i in range(config.num_layers):
+        prefix = f"layers.{i}."
+        for gguf_name, name in _GGUF_LAYER_NAMES.items():
+            state[prefix + name] = take(f"blk.{i}.{gguf_name}.weight")
+        q = unpermute_rotary_rows(arrays.pop(f"blk.{i}.attn_q.weight"), config.num_heads)
+        k = unpermute_rotary_rows(arrays.pop(f"blk.{i}.attn_k.weight"), config.num_kv_heads)
+        v = arrays.pop(f"blk.{i}.attn_v.weight")
+        state[prefix + "self_attn.qkv_proj.weight"] = torch.from_numpy(np.concatenate([q, k, v]))
+        gate_up = [take(f"blk.{i}.ffn_gate.weight"), take(f"blk.{i}.ffn_up.weight")]
+        state[prefix + "mlp.gate_up_proj.weight"] = torch.cat(gate_up)
+    return state
+
+
+def hf_state_dict(directory: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """All runner parameters from a Hugging Face Llama directory's *.safetensors files."""
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory} has no *.safetensors files")
+    raw: dict[str, torch.Tensor] = {}
+    for file in files:
+        raw.update(load_file(file))
+    state = {"embed_tokens.weight": raw.pop("model.embed_tokens.weight"), "norm.weight": raw.pop("model.norm.weight")}
+    if "lm_head.weight" in raw and not config.tie_word_embeddings:
+        state["lm_head.weight"] = raw.pop("lm_head.weight")
+    layers: dict[int, dict[str, torch.Tensor]] = {}
+    for name, tensor in raw.items():
+        match = _HF_LAYER.fullmatch(name)
+        if match:
+            layers.setdefault(int(match[1]), {})[match[2]] = tensor
+    for i in range(config.num_layers):
+        layer, prefix = layers[i], f"layers.{i}."
+        state[prefix + "input_layernorm.weight"] = layer["input_layernorm.weight"]
+        state[prefix + "post_attention_layernorm.weight"] = layer["post_attention_layernorm.weight"]
+        qkv = [layer[f"self_attn.{p}_proj.weight"] for p in "qkv"]
+        state[prefix + "self_attn.qkv_proj.weight"] = torch.cat(qkv)
+        state[prefix + "self_attn.o_proj.weight"] = layer["self_attn.o_proj.weight"]
+        state[prefix + "mlp.gate_up_proj.weight"] = torch.cat(
+            [layer["mlp.gate_proj.weight"], layer["mlp.up_proj.weight"]]
+        )
+        state[prefix + "mlp.down_proj.weight"] = layer["mlp.down_proj.weight"]
+    return state
+
+
+def build_model(
+    config: ModelConfig, load_state: Callable[[], dict[str, torch.Tensor]], dtype: torch.dtype
+) -> LlamaForCausalLM:
+    """Build the model without initialising it, then assign the checkpoint's tensors in `dtype`."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    state = {name: tensor.to(dtype) for name, tensor in load_state().items()}
+    if config.tie_word_embeddings:
+        state["lm_head.weight"] = state["embed_tokens.weight"]
+    model.load_state_dict(state, strict=False, assign=True)
+    model.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+    missing = [name for name, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
+    return model.eval()
