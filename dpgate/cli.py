@@ -16,7 +16,7 @@ from dpgate import __version__
 
 # subcommand -> (module providing add_arguments/run, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("engines.serve_command", "serve the default model on 127.0.0.1 (the quick start)"),
+    "serve": ("gateway.serve_command", "a gateway on 127.0.0.1:50051 plus its engines (the quick start)"),
     "engine": ("engines.engine_command", "run one engine: a model behind the dpgate.v1 services"),
     "gateway": ("gateway.gateway_command", "run the front door in front of engines (--engine HOST:PORT)"),
     "generate": ("gateway.generate_command", "stream a completion from a running server"),

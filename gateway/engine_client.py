@@ -62,27 +62,8 @@ class EngineClient:
 
     def __init__(self, address: str, config: GatewayConfig) -> None:
         self.address = address
-        self.channel = aio.insecure_channel(address, options=engine_channel_options(config))
-        self.unary = {
-            method: self.channel.unary_unary(f"/{service}/{method}", _registered_method=True)
-            for service, method in UNARY_METHODS
-        }
-        self.generate_stream = self.channel.unary_stream(
-            f"/{INFERENCE_SERVICE}/GenerateStream", _registered_method=True
-        )
-        self._get_server_info = self.channel.unary_unary(
-            f"/{CONTROL_SERVICE}/GetServerInfo",
-            request_serializer=control_pb2.GetServerInfoRequest.SerializeToString,
-            response_deserializer=control_pb2.GetServerInfoResponse.FromString,
-            _registered_method=True,
-        )
-        self._get_load = self.channel.unary_unary(
-            f"/{CONTROL_SERVICE}/GetLoad",
-            request_serializer=control_pb2.GetLoadRequest.SerializeToString,
-            response_deserializer=control_pb2.GetLoadResponse.FromString,
-            _registered_method=True,
-        )
-        self._health = health_pb2_grpc.HealthStub(self.channel)
+        self._options = engine_channel_options(config)
+        self._connect()
         self.identity: EngineIdentity | None = None
         self.refusal: Refusal | None = None
         self.health = HealthState(config.failure_threshold, config.success_threshold)
@@ -94,6 +75,43 @@ class EngineClient:
         self.rank_metadata: tuple[tuple[str, str], ...] = ()
         # Set by a forwarded call that saw the engine fail, so the watcher probes at once.
         self.wake = asyncio.Event()
+        self._closing: set[asyncio.Task] = set()
+
+    def _connect(self) -> None:
+        channel = aio.insecure_channel(self.address, options=self._options)
+        self.channel = channel
+        self.unary = {
+            method: channel.unary_unary(f"/{service}/{method}", _registered_method=True)
+            for service, method in UNARY_METHODS
+        }
+        self.generate_stream = channel.unary_stream(f"/{INFERENCE_SERVICE}/GenerateStream", _registered_method=True)
+        self._get_server_info = channel.unary_unary(
+            f"/{CONTROL_SERVICE}/GetServerInfo",
+            request_serializer=control_pb2.GetServerInfoRequest.SerializeToString,
+            response_deserializer=control_pb2.GetServerInfoResponse.FromString,
+            _registered_method=True,
+        )
+        self._get_load = channel.unary_unary(
+            f"/{CONTROL_SERVICE}/GetLoad",
+            request_serializer=control_pb2.GetLoadRequest.SerializeToString,
+            response_deserializer=control_pb2.GetLoadResponse.FromString,
+            _registered_method=True,
+        )
+        self._health = health_pb2_grpc.HealthStub(channel)
+
+    def reconnect(self) -> None:
+        """Replace the channel with a fresh one that connects at once.
+
+        Used while the engine is unreachable: a channel in TRANSIENT_FAILURE waits out its
+        reconnect backoff, but a restarted engine should be seen at the very next probe. The
+        old channel can carry no live call (its connection is gone), so closing it loses nothing.
+        """
+        old = self.channel
+        self._connect()
+        self._closing.add(asyncio.get_running_loop().create_task(old.close(grace=None)))
+        for task in list(self._closing):
+            if task.done():
+                self._closing.discard(task)
 
     @property
     def rank(self) -> int | None:
@@ -149,6 +167,7 @@ class EngineClient:
 
     async def close(self) -> None:
         await self.channel.close(grace=None)
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
 
 def is_unreachable(error: grpc.aio.AioRpcError) -> bool:

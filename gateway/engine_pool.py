@@ -27,6 +27,10 @@ from gateway.status_table import ENGINE_FAILURE_CODES
 logger = logging.getLogger("dpgate.gateway.engines")
 
 
+def _name(engine: EngineClient) -> str:
+    return f"engine {engine.address}" if engine.rank is None else f"engine {engine.address} (rank {engine.rank})"
+
+
 class EnginePool:
     """All configured engines; `snapshot()` lists the connected ones for routing."""
 
@@ -72,7 +76,7 @@ class EnginePool:
 
     def _circuit_changed(self, engine: EngineClient) -> None:
         state = engine.breaker.state
-        logger.warning("engine %s (rank %s) circuit is now %s", engine.address, engine.rank, state.value)
+        logger.warning("%s circuit is now %s", _name(engine), state.value)
         if engine.rank is not None:
             self._metrics.set_circuit_state(engine.rank, engine.address, state)
 
@@ -106,6 +110,10 @@ class EnginePool:
                 await engine.refresh_load(timeout)
         except grpc.aio.AioRpcError:
             self._probe_failed(engine)
+            # Only a channel without a connection is replaced: one that is connected may still
+            # carry calls (an engine draining answers probes with UNAVAILABLE but finishes them).
+            if engine.channel.get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                engine.reconnect()
             return
         self._probe_succeeded(engine, is_serving)
 
@@ -140,7 +148,7 @@ class EnginePool:
         changed = engine.health.record_failure()
         engine.is_serving = False
         if changed:
-            logger.warning("engine %s (rank %s) is unhealthy", engine.address, engine.rank)
+            logger.warning("%s is unhealthy", _name(engine))
             self._publish_health(engine)
 
     def _probe_succeeded(self, engine: EngineClient, is_serving: bool) -> None:
@@ -148,7 +156,7 @@ class EnginePool:
         engine.is_serving = is_serving
         if changed:
             state = "serving" if is_serving else "reachable but not serving"
-            logger.info("engine %s (rank %s) is healthy, %s", engine.address, engine.rank, state)
+            logger.info("%s is healthy, %s", _name(engine), state)
             self._publish_health(engine)
 
     def _publish_health(self, engine: EngineClient) -> None:

@@ -1,0 +1,127 @@
+"""`dpgate serve`: a gateway on --port plus --data-parallel-size engines on free local ports.
+
+Engines run as subprocesses (`python -m dpgate.cli engine ...`) so this process never imports
+torch: it is a gateway host that happens to start its own engines. Each engine gets its global
+rank and the DP size on its command line and reports them back in the handshake; the gateway
+learns the topology from them like any other. SIGTERM drains the gateway first, then stops the
+engines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import subprocess
+import sys
+
+from gateway.config import ConfigError, GatewayConfig, validate_config
+from gateway.logs import configure_logging
+
+logger = logging.getLogger("dpgate.serve")
+ENGINE_STOP_TIMEOUT_S = 15.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--data-parallel-size", type=int, default=1, help="number of engines (DP ranks) to start (default 1)")
+    add("--host", default="127.0.0.1", help="address the gateway binds (default 127.0.0.1)")
+    add("--port", type=int, default=50051, help="gateway port (default 50051)")
+    add("--metrics-port", type=int, help="gateway Prometheus port (default: off)")
+    add("--model", help="model for every engine (default: the engine's default, SmolLM2-135M-Instruct)")
+    add("--dtype", help="engine compute dtype (default: the engine's)")
+    add("--max-model-len", type=int, help="engine context length (default: the model's)")
+    add("--api-key", action="append", default=[], help="accept `authorization: Bearer KEY` (repeatable)")
+    add("--log-json", action="store_true", help="gateway logs one JSON object a line")
+
+
+def free_local_port() -> int:
+    """A port the OS considers free now; the engine binds it moments later (a small, accepted race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
+    command = [
+        sys.executable, "-m", "dpgate.cli", "engine",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--data-parallel-rank", str(rank), "--data-parallel-size", str(args.data_parallel_size),
+    ]  # fmt: skip
+    for flag, value in (("--model", args.model), ("--dtype", args.dtype), ("--max-model-len", args.max_model_len)):
+        if value is not None:
+            command += [flag, str(value)]
+    return command
+
+
+def stop_engines(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(ENGINE_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+async def serve(config: GatewayConfig, processes: list[subprocess.Popen]) -> int:
+    from gateway.server import GatewayServer
+
+    gateway = GatewayServer(config)
+    port = await gateway.start()
+    print(f"dpgate gateway listening on {config.host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    status = 0
+    while not stop.is_set():
+        exited = [(rank, p.returncode) for rank, p in enumerate(processes) if p.poll() is not None]
+        if exited and len(exited) == len(processes):
+            logger.error("every engine exited (rank, status): %s", exited)
+            status = 1
+            break
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    await gateway.drain()
+    return status
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.data_parallel_size < 1:
+        print("dpgate serve: error: --data-parallel-size must be at least 1.", file=sys.stderr)
+        return 2
+    ports = [free_local_port() for _ in range(args.data_parallel_size)]
+    try:
+        config = validate_config(
+            GatewayConfig(
+                engines=tuple(f"127.0.0.1:{port}" for port in ports),
+                host=args.host,
+                port=args.port,
+                metrics_port=args.metrics_port,
+                api_keys=tuple(args.api_key),
+                log_json=args.log_json,
+                # Engines load a model before answering; a short drain keeps Ctrl-C snappy.
+                drain_grace_s=1.0,
+                shutdown_timeout_s=10.0,
+            )
+        )
+    except ConfigError as error:
+        print(f"dpgate serve: error: {error}", file=sys.stderr)
+        return 2
+    configure_logging(config.log_json)
+    processes = [subprocess.Popen(engine_command(args, rank, port)) for rank, port in enumerate(ports)]
+    import uvloop
+
+    try:
+        return uvloop.run(serve(config, processes))
+    except OSError as error:
+        print(f"dpgate serve: error: cannot serve on {config.host}:{config.port}: {error}", file=sys.stderr)
+        return 1
+    finally:
+        stop_engines(processes)
