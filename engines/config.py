@@ -8,11 +8,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-import torch
+from typing import TYPE_CHECKING
 
 from engines.model_source import DEFAULT_MODEL
 
-DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+if TYPE_CHECKING:
+    import torch
+
+# Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
+DTYPES = ("bfloat16", "float16", "float32")
 DEFAULT_PORT = 50051
 
 
@@ -34,7 +38,9 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
 
     def validate(self) -> None:
         _check_port("--port", self.port)

@@ -12,3 +12,12 @@ from tests.tiny_model import make_tiny_llama_dir
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_llama_dir(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+    """The default model's tokenizer, built by transformers from the packaged GGUF."""
+    from engines.model_source import resolve_model
+    from engines.tokenizer import load_tokenizer
+
+    return load_tokenizer(resolve_model("smollm2-135m-instruct")).tokenizer
