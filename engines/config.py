@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-
 from typing import TYPE_CHECKING
 
 from engines.model_source import DEFAULT_MODEL

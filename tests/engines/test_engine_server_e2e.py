@@ -13,9 +13,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from dpgate.v1 import control_pb2 as cpb
-from dpgate.v1 import control_pb2_grpc
+from dpgate.v1 import control_pb2_grpc, generate_pb2_grpc
 from dpgate.v1 import generate_pb2 as pb
-from dpgate.v1 import generate_pb2_grpc
 from tests.support.processes import free_port, running
 
 MODEL = "smollm2-135m-instruct"
