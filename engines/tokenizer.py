@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from engines.model_source import ModelSource, SourceKind
@@ -25,7 +29,7 @@ def load_tokenizer(source: ModelSource, gguf_metadata: dict[str, Any] | None = N
     from transformers import AutoTokenizer
 
     if source.kind is SourceKind.GGUF:
-        tokenizer = AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name)
+        tokenizer = _gguf_tokenizer(source.path)
         eos = {int(gguf_metadata[key]) for key in _GGUF_EOS_KEYS if gguf_metadata and key in gguf_metadata}
     else:
         tokenizer = AutoTokenizer.from_pretrained(str(source.path))
@@ -45,3 +49,35 @@ def _generation_config_eos(source: ModelSource) -> set[int]:
     if value is None:
         return set()
     return {int(v) for v in (value if isinstance(value, list) else [value])}
+
+
+def tokenizer_cache_dir() -> Path:
+    """Where tokenizers converted from GGUF files are kept: $DPGATE_CACHE_DIR or ~/.cache/dpgate."""
+    explicit = os.environ.get("DPGATE_CACHE_DIR")
+    root = Path(explicit) if explicit else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dpgate"
+    return root / "tokenizers"
+
+
+def _gguf_tokenizer(path: Path) -> Any:
+    """transformers' tokenizer for a GGUF, converted once and then read back from a cache.
+
+    Converting a GGUF vocabulary into a fast tokenizer costs seconds of Python on every start;
+    the saved tokenizer.json loads in a fraction of that. The cache key covers the file's path,
+    size and modification time, so a changed file is converted again.
+    """
+    from transformers import AutoTokenizer
+
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:24]
+    cached = tokenizer_cache_dir() / key
+    if (cached / "tokenizer.json").is_file():
+        return AutoTokenizer.from_pretrained(str(cached))
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=cached.parent))
+        tokenizer.save_pretrained(staging)
+        staging.rename(cached)  # atomic: a reader sees a whole cache entry or none
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # another process won the race, or the disk is read-only
+    return tokenizer
