@@ -30,6 +30,10 @@ from dpgate.v1 import control_pb2, generate_pb2
 INFERENCE_SERVICE = "dpgate.v1.InferenceService"
 CONTROL_SERVICE = "dpgate.v1.ControlService"
 
+# A Generate prompt with this text is answered with the deadline the engine saw (seconds left, or
+# "none"), so tests can show that the gateway passes the client's deadline downstream.
+ECHO_DEADLINE_PROMPT = "echo-deadline"
+
 
 @dataclass(slots=True, frozen=True)
 class SyntheticEngineConfig:
@@ -123,6 +127,10 @@ class SyntheticEngine:
         try:
             async with self._slot():
                 num_tokens = self._num_tokens(request.stopping)
+                if request.text == ECHO_DEADLINE_PROMPT:
+                    remaining = context.time_remaining()
+                    text = "none" if remaining is None else f"{remaining:.3f}"
+                    return generate_pb2.GenerateResponse(text=text).SerializeToString()
                 if self.config.token_delay_s:
                     await asyncio.sleep(self.config.token_delay_s * num_tokens)
                 return generate_pb2.GenerateResponse(

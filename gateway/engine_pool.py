@@ -141,7 +141,8 @@ class EnginePool:
             )
         engine.accept(identity)
         if engine.breaker.reset():
-            self._circuit_changed(engine)
+            logger.info("%s circuit is now closed (new handshake)", _name(engine))
+        self._metrics.set_circuit_state(identity.rank, engine.address, engine.breaker.state)
         return True
 
     def _probe_failed(self, engine: EngineClient) -> None:

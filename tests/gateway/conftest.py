@@ -1,0 +1,39 @@
+"""Fixtures for the gateway's end-to-end tests: two real tiny-model engines, shared by the session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.gateway.processes import FAST_HEALTH, EngineProcess, GatewayProcess
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gateway-logs")
+
+
+@pytest.fixture(scope="session")
+def engines(tiny_model_dir: Path, log_dir: Path):
+    """Ranks 0 and 1 of a DP-2 deployment, real `dpgate engine` processes on the tiny model."""
+    pair = [EngineProcess(tiny_model_dir, rank, 2, log_dir) for rank in (0, 1)]
+    try:
+        for engine in pair:
+            engine.start()
+        for engine in pair:
+            engine.wait_serving()
+        yield pair
+    finally:
+        for engine in pair:
+            engine.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway(engines: list[EngineProcess], log_dir: Path):
+    process = GatewayProcess([e.address for e in engines], *FAST_HEALTH, log_dir=log_dir)
+    try:
+        process.wait_ranks([0, 1])
+        yield process
+    finally:
+        process.stop()

@@ -1,0 +1,64 @@
+"""SIGTERM: NOT_SERVING first, a grace period, then new calls refused while running ones finish."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import grpc
+from grpc import aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from dpgate.v1 import generate_pb2_grpc
+from gateway.interceptors.admission import DRAINING_MESSAGE
+from tests.gateway.processes import FAST_HEALTH, GatewayProcess, generate_request, stream_request
+
+GRACE_S = 0.3
+
+
+def test_sigterm_lets_running_streams_finish_and_refuses_new_calls(engines, log_dir):
+    gateway = GatewayProcess(
+        [e.address for e in engines], *FAST_HEALTH, "--drain-grace", str(GRACE_S), "--shutdown-timeout", "30",
+        log_dir=log_dir, name="gateway-drain",
+    )  # fmt: skip
+    try:
+        gateway.wait_ranks([0, 1])
+
+        async def run() -> None:
+            async with aio.insecure_channel(gateway.address) as channel:
+                stub = generate_pb2_grpc.InferenceServiceStub(channel)
+                health = health_pb2_grpc.HealthStub(channel)
+                calls = [stub.GenerateStream(stream_request(80), timeout=60) for _ in range(10)]
+
+                async def collect(call) -> list[str]:
+                    return [message.WhichOneof("event") async for message in call]
+
+                results = [asyncio.create_task(collect(call)) for call in calls]
+                while sum(engine.load().num_running for engine in engines) < 2:
+                    await asyncio.sleep(0.02)
+                gateway.process.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+
+                status = await health.Check(health_pb2.HealthCheckRequest(), timeout=2)
+                assert status.status == health_pb2.HealthCheckResponse.NOT_SERVING
+                await asyncio.sleep(GRACE_S + 0.2)
+                try:
+                    await stub.Generate(generate_request(1), timeout=5)
+                    raise AssertionError("a new call was accepted after the drain grace")
+                except aio.AioRpcError as error:
+                    assert error.code() == grpc.StatusCode.UNAVAILABLE
+                    assert error.details() == DRAINING_MESSAGE
+                assert not all(task.done() for task in results), "streams ended before the refusal was seen"
+
+                events = await asyncio.gather(*results)
+                for call, streamed in zip(calls, events, strict=True):
+                    assert await call.code() == grpc.StatusCode.OK
+                    assert streamed[0] == "prompt_info" and streamed[-1] == "finish"
+                    assert streamed.count("delta") >= 1
+                assert time.monotonic() - signalled < 30
+
+        asyncio.run(run())
+        assert gateway.process.wait(15) == 0
+    finally:
+        gateway.stop()
