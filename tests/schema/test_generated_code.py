@@ -6,6 +6,7 @@ from __future__ import annotations
 import filecmp
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from google.protobuf import descriptor_pb2
@@ -26,51 +27,48 @@ def test_protoc_reproduces_the_committed_files_byte_for_byte(tmp_path):
     produced = sorted(p.name for p in (tmp_path / "dpgate" / "v1").iterdir())
     committed = sorted(p.name for p in GENERATED.iterdir() if p.name != "__init__.py" and p.suffix in (".py", ".pyi"))
     assert produced == committed
-    match, mismatch, errors = filecmp.cmpfiles(tmp_path / "dpgate" / "v1", GENERATED, produced, shallow=False)
+    _, mismatch, errors = filecmp.cmpfiles(tmp_path / "dpgate" / "v1", GENERATED, produced, shallow=False)
     assert (mismatch, errors) == ([], []), "regenerate with: python -m grpc_tools.protoc (see README)"
 
 
+def schema_elements(file: descriptor_pb2.FileDescriptorProto) -> Iterator[tuple[tuple[int, ...], str]]:
+    """(source path, name) of every service, rpc, message, field, oneof, enum and enum value."""
+
+    def message_elements(message: descriptor_pb2.DescriptorProto, path: tuple[int, ...], prefix: str):
+        yield path, prefix
+        for i, field in enumerate(message.field):
+            yield (*path, 2, i), f"{prefix}.{field.name}"
+        for i, oneof in enumerate(message.oneof_decl):
+            if not oneof.name.startswith("_"):  # synthetic oneofs of proto3 `optional`
+                yield (*path, 8, i), f"{prefix}.{oneof.name}"
+        for i, nested in enumerate(message.nested_type):
+            if not nested.options.map_entry:
+                yield from message_elements(nested, (*path, 3, i), f"{prefix}.{nested.name}")
+        for i, enum in enumerate(message.enum_type):
+            yield from enum_elements(enum, (*path, 4, i), f"{prefix}.{enum.name}")
+
+    def enum_elements(enum: descriptor_pb2.EnumDescriptorProto, path: tuple[int, ...], prefix: str):
+        yield path, prefix
+        for i, value in enumerate(enum.value):
+            yield (*path, 2, i), f"{prefix}.{value.name}"
+
+    for i, message in enumerate(file.message_type):
+        yield from message_elements(message, (4, i), message.name)
+    for i, enum in enumerate(file.enum_type):
+        yield from enum_elements(enum, (5, i), enum.name)
+    for i, service in enumerate(file.service):
+        yield (6, i), service.name
+        for j, method in enumerate(service.method):
+            yield (6, i, 2, j), f"{service.name}.{method.name}"
+
+
 def undocumented_elements(tmp_path: Path) -> list[str]:
-    """Paths of services, rpcs, messages, fields, oneofs, enums and enum values lacking a leading comment."""
     out = tmp_path / "schema.binpb"
     protoc("--include_source_info", f"--descriptor_set_out={out}")
-    descriptor_set = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
     missing = []
-    for file in descriptor_set.file:
-        documented = {
-            tuple(location.path) for location in file.source_code_info.location if location.leading_comments.strip()
-        }
-
-        def check(path: tuple[int, ...], name: str) -> None:
-            if path not in documented:
-                missing.append(f"{file.name}: {name}")
-
-        def walk_message(message: descriptor_pb2.DescriptorProto, path: tuple[int, ...], prefix: str) -> None:
-            check(path, prefix)
-            for i, field in enumerate(message.field):
-                check((*path, 2, i), f"{prefix}.{field.name}")
-            for i, oneof in enumerate(message.oneof_decl):
-                if not oneof.name.startswith("_"):  # synthetic oneofs of proto3 `optional`
-                    check((*path, 8, i), f"{prefix}.{oneof.name}")
-            for i, nested in enumerate(message.nested_type):
-                if not nested.options.map_entry:
-                    walk_message(nested, (*path, 3, i), f"{prefix}.{nested.name}")
-            for i, enum in enumerate(message.enum_type):
-                walk_enum(enum, (*path, 4, i), f"{prefix}.{enum.name}")
-
-        def walk_enum(enum: descriptor_pb2.EnumDescriptorProto, path: tuple[int, ...], prefix: str) -> None:
-            check(path, prefix)
-            for i, value in enumerate(enum.value):
-                check((*path, 2, i), f"{prefix}.{value.name}")
-
-        for i, message in enumerate(file.message_type):
-            walk_message(message, (4, i), message.name)
-        for i, enum in enumerate(file.enum_type):
-            walk_enum(enum, (5, i), enum.name)
-        for i, service in enumerate(file.service):
-            check((6, i), service.name)
-            for j, method in enumerate(service.method):
-                check((6, i, 2, j), f"{service.name}.{method.name}")
+    for file in descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file:
+        documented = {tuple(loc.path) for loc in file.source_code_info.location if loc.leading_comments.strip()}
+        missing += [f"{file.name}: {name}" for path, name in schema_elements(file) if path not in documented]
     return missing
 
 

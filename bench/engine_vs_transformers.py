@@ -1,0 +1,108 @@
+"""Single-stream decode speed: the dpgate engine against transformers on the same model, same run.
+
+Both sides decode greedily from the same prompt for the same number of tokens. Decode speed is
+(tokens - 1) / (time from the first generated token to the last), so prompt processing and
+start-up do not count. The dpgate engine is measured through its core (`LLMEngine.step`), the
+loop that serves gRPC calls; transformers through `generate`, timed by a logits processor.
+
+    python bench/engine_vs_transformers.py [--tokens 128] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from dpgate.v1 import generate_pb2 as pb
+from engines.engine import LLMEngine
+from engines.loader import load
+from engines.model_runner import ModelRunner
+from engines.model_source import resolve_model
+from engines.request_builder import ModelLimits, build_sequence
+
+PROMPT = "The history of the printing press begins"
+
+
+def dpgate_decode_rate(dtype: torch.dtype, num_tokens: int) -> float:
+    loaded = load(resolve_model("smollm2-135m-instruct"), dtype)
+    engine = LLMEngine(ModelRunner(loaded, 1024))
+    limits = ModelLimits("m", loaded.config.vocab_size, 1024, loaded.tokenizer.eos_token_ids)
+    request = pb.GenerateRequest(
+        text=PROMPT,
+        sampling=pb.SamplingParams(temperature=0.0),
+        stopping=pb.StoppingCriteria(max_tokens=num_tokens, ignore_eos=True),
+    )
+    engine.add(build_sequence(request, limits, loaded.tokenizer.tokenizer))
+    engine.step()  # prefill and the first token
+    started = time.perf_counter()
+    while engine.has_work:
+        engine.step()
+    return (num_tokens - 1) / (time.perf_counter() - started)
+
+
+class StepClock:
+    """A transformers logits processor that only records when each step's logits are ready."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def transformers_decode_rate(dtype: torch.dtype, num_tokens: int) -> float:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+
+    path = resolve_model("smollm2-135m-instruct").path
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    clock = StepClock()
+    with torch.inference_mode():
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=num_tokens,
+            min_new_tokens=num_tokens,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([clock]),
+        )
+    return (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
+
+
+def best_of(repeats: int, measure, *args) -> float:
+    return max(measure(*args) for _ in range(repeats))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(
+        f"SmolLM2-135M-Instruct, single stream, {args.tokens} greedy tokens, best of {args.repeats}, "
+        f"{torch.get_num_threads()} torch threads"
+    )
+    rates = {}
+    for name, measure, dtype in (
+        ("dpgate bf16", dpgate_decode_rate, torch.bfloat16),
+        ("dpgate fp32", dpgate_decode_rate, torch.float32),
+        ("transformers bf16", transformers_decode_rate, torch.bfloat16),
+        ("transformers fp32", transformers_decode_rate, torch.float32),
+    ):
+        rates[name] = best_of(args.repeats, measure, dtype, args.tokens)
+        print(f"  {name:<18} {rates[name]:7.1f} tok/s")
+    print("ratios (dpgate / transformers):")
+    for ours, theirs in (
+        ("dpgate bf16", "transformers bf16"),
+        ("dpgate fp32", "transformers fp32"),
+        ("dpgate bf16", "transformers fp32"),
+    ):
+        print(f"  {ours} / {theirs}: {rates[ours] / rates[theirs]:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
