@@ -49,7 +49,7 @@ def server_options(config: GatewayConfig) -> list[tuple[str, int]]:
         ("grpc.keepalive_time_ms", int(config.keepalive_time_s * 1000)),
         ("grpc.keepalive_timeout_ms", int(config.keepalive_timeout_s * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", int(config.min_client_ping_interval_s * 1000)),
+        ("grpc.http2.min_ping_interval_without_data_ms", int(config.min_client_ping_interval_s * 1000)),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.so_reuseport", 0),
     ]

@@ -27,6 +27,8 @@ RANK_KEY = "x-data-parallel-rank"
 # Fast probing keeps the tests short; the failure threshold of 1 makes a dead engine leave the
 # rotation at the first failed probe.
 FAST_HEALTH = ("--health-interval", "0.25", "--health-timeout", "0.25", "--failure-threshold", "1")
+# Tests stop gateways with SIGTERM; without calls in flight there is nothing to wait for.
+QUICK_DRAIN = ("--drain-grace", "0", "--shutdown-timeout", "5")
 
 
 def free_port() -> int:
@@ -154,6 +156,7 @@ class GatewayProcess:
         self.metrics_port = free_port()
         self.log_path = log_dir / f"{name}.log"
         command = [PYTHON, "-m", "dpgate.cli", "gateway", "--port", "0", "--metrics-port", str(self.metrics_port)]
+        command += QUICK_DRAIN  # flags given later win (argparse keeps the last value)
         for engine in engines:
             command += ["--engine", engine]
         log = open(self.log_path, "a")  # noqa: SIM115 (the child keeps it)
