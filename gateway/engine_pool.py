@@ -146,8 +146,8 @@ class EnginePool:
         return True
 
     def _probe_failed(self, engine: EngineClient) -> None:
+        # is_serving keeps the engine's last answer: only the failure threshold takes it out.
         changed = engine.health.record_failure()
-        engine.is_serving = False
         if changed:
             logger.warning("%s is unhealthy", _name(engine))
             self._publish_health(engine)

@@ -67,6 +67,22 @@ def scrape(port: int) -> dict[str, float]:
     return samples
 
 
+def wait_ranks(address: str, ranks: list[int], timeout: float = 30) -> None:
+    """Wait until a call pinned to each rank succeeds through the gateway at `address`."""
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(address) as channel:
+        stub = control_pb2_grpc.ControlServiceStub(channel)
+        for rank in ranks:
+            while True:
+                try:
+                    stub.GetServerInfo(control_pb2.GetServerInfoRequest(), metadata=[(RANK_KEY, str(rank))], timeout=1)
+                    break
+                except grpc.RpcError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+
+
 class EngineProcess:
     """A `dpgate engine` process (real model) on a fixed port, restartable on the same port."""
 
@@ -171,21 +187,7 @@ class GatewayProcess:
         return f"127.0.0.1:{self.port}"
 
     def wait_ranks(self, ranks: list[int], timeout: float = 30) -> None:
-        """Wait until a call pinned to each rank succeeds through this gateway."""
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address) as channel:
-            stub = control_pb2_grpc.ControlServiceStub(channel)
-            for rank in ranks:
-                while True:
-                    try:
-                        stub.GetServerInfo(
-                            control_pb2.GetServerInfoRequest(), metadata=[(RANK_KEY, str(rank))], timeout=1
-                        )
-                        break
-                    except grpc.RpcError:
-                        if time.monotonic() > deadline:
-                            raise
-                        time.sleep(0.05)
+        wait_ranks(self.address, ranks, timeout)
 
     def metrics(self) -> dict[str, float]:
         return scrape(self.metrics_port)
