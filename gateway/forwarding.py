@@ -15,6 +15,7 @@ import time
 
 import grpc
 from grpc import aio
+from prometheus_client import Counter
 
 from dpgate.v1 import control_pb2
 from gateway.call_context import pinned_rank
@@ -40,6 +41,15 @@ class Forwarder:
         self._policy = policy
         self._metrics = metrics
         self.num_in_flight = 0
+        self._routed_counters: dict[str, Counter] = {}
+
+    def _routed(self, engine: EngineClient) -> Counter:
+        """The routed-requests counter of `engine`'s rank (label lookups cost more than the increment)."""
+        rank = engine.rank_metadata[0][1]
+        counter = self._routed_counters.get(rank)
+        if counter is None:
+            counter = self._routed_counters[rank] = self._metrics.routed.labels(rank=rank)
+        return counter
 
     def _choose(self, rank: int | None, excluded: frozenset[str]) -> EngineClient:
         request = RouteRequest(rank=rank, excluded_addresses=excluded)
@@ -101,7 +111,7 @@ class Forwarder:
                     if not call.done():
                         call.cancel()
                 self._pool.record_success(engine)
-                self._metrics.routed.labels(rank=engine.rank_metadata[0][1]).inc()
+                self._routed(engine).inc()
                 return response
             raise AssertionError("unreachable: the last attempt returns or raises")
         finally:
@@ -149,7 +159,7 @@ class Forwarder:
                     if not call.done():
                         call.cancel()
                 self._pool.record_success(engine)
-                self._metrics.routed.labels(rank=engine.rank_metadata[0][1]).inc()
+                self._routed(engine).inc()
                 return
         finally:
             self.num_in_flight -= 1

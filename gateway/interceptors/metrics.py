@@ -11,6 +11,7 @@ import time
 
 import grpc
 from grpc import aio
+from prometheus_client import Counter, Histogram
 
 from gateway.interceptors.handlers import is_dpgate_method
 from gateway.metrics import GatewayMetrics
@@ -20,7 +21,8 @@ class MetricsInterceptor(aio.ServerInterceptor):
     def __init__(self, metrics: GatewayMetrics) -> None:
         self._metrics = metrics
         self._wrapped: dict[tuple[str, int], grpc.RpcMethodHandler] = {}
-        self._counters: dict[tuple[str, str], object] = {}
+        self._counters: dict[tuple[str, str], Counter] = {}
+        self._durations: dict[str, Histogram] = {}
 
     async def intercept_service(self, continuation, handler_call_details: grpc.HandlerCallDetails):
         method = handler_call_details.method
@@ -37,8 +39,11 @@ class MetricsInterceptor(aio.ServerInterceptor):
         counter = self._counters.get((rpc, code))
         if counter is None:
             counter = self._counters[(rpc, code)] = self._metrics.requests.labels(rpc=rpc, code=code)
-        counter.inc()  # type: ignore[attr-defined]
-        self._metrics.duration.labels(rpc=rpc).observe(time.perf_counter() - start)
+        counter.inc()
+        duration = self._durations.get(rpc)
+        if duration is None:
+            duration = self._durations[rpc] = self._metrics.duration.labels(rpc=rpc)
+        duration.observe(time.perf_counter() - start)
         self._metrics.in_flight.dec()
 
     def _wrap(self, rpc: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
