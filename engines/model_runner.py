@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import torch
 
+from engines.attention import AttentionMetadata, KVCache
 from engines.loader import LoadedModel
-from engines.models.llama import AttentionMetadata, KVCache
 
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, max_model_len: int):
         self.model = loaded.model
-        self.cache = KVCache(loaded.config, max_model_len, loaded.dtype)
+        config = loaded.config
+        self.cache = KVCache(config.num_layers, config.num_kv_heads, config.head_dim, max_model_len, loaded.dtype)
         self.max_model_len = max_model_len
 
     def forward(self, token_ids: list[int], num_cached: int) -> torch.Tensor:
@@ -25,7 +26,7 @@ class ModelRunner:
                 f"sequence of {num_cached + len(token_ids)} tokens exceeds the cache ({self.max_model_len})"
             )
         ids = torch.tensor(token_ids, dtype=torch.long)
-        return self.model(ids, self.cache, AttentionMetadata(num_cached, len(token_ids)))
+        return self.model(ids, self.cache, AttentionMetadata(num_cached, len(token_ids)))[0]
 
     def warm_up(self) -> None:
         """Run a prefill and a decode step so the first request pays no one-off cost and any

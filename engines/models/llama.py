@@ -8,40 +8,12 @@ attends to travels explicitly in `AttentionMetadata`. Numerics follow the refere
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.attention import AttentionMetadata, KVCache, attend
 from engines.model_config import ModelConfig
-
-
-@dataclass(slots=True)
-class AttentionMetadata:
-    """What one forward step attends to, for a single sequence.
-
-    `start` tokens are already in the cache; the step adds `num_tokens` at positions
-    start .. start+num_tokens-1 and each new token attends causally to all cached ones.
-    """
-
-    start: int
-    num_tokens: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_tokens
-
-
-class KVCache:
-    """Contiguous key/value storage for one sequence: `keys[layer]` is [kv_heads, max_len, head_dim],
-    laid out so the attended prefix is a view, never a copy."""
-
-    def __init__(self, config: ModelConfig, max_len: int, dtype: torch.dtype):
-        shape = (config.num_layers, config.num_kv_heads, max_len, config.head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype)
-        self.values = torch.zeros(shape, dtype=dtype)
-        self.max_len = max_len
 
 
 class RMSNorm(nn.Module):
@@ -74,10 +46,10 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x: [heads, tokens, head_dim] by the step's cos/sin tables [tokens, head_dim]."""
+    """Rotate x: [tokens, heads, head_dim] by the step's cos/sin tables [tokens, head_dim]."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
 
 
 class LlamaAttention(nn.Module):
@@ -101,33 +73,10 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim).transpose(0, 1), *rope)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim).transpose(0, 1), *rope)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim).transpose(0, 1)
-        keys, values = cache.keys[self.layer_index], cache.values[self.layer_index]
-        keys[:, meta.start : meta.end] = k
-        values[:, meta.start : meta.end] = v
-        keys, values = keys[:, : meta.end], values[:, : meta.end]
-        if num_tokens == 1:
-            out = self._decode_attention(q, keys, values)
-            return self.o_proj(out.reshape(1, self.q_size))
-        if meta.start == 0:
-            mask, is_causal = None, True
-        else:
-            query_positions = torch.arange(meta.start, meta.end)
-            mask, is_causal = torch.arange(meta.end)[None, :] <= query_positions[:, None], False
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=is_causal, scale=self.scale, enable_gqa=True
-        )
-        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, self.q_size))
-
-    def _decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        """One query token against the cache without repeating kv heads: the query heads sharing a
-        kv head are stacked as rows. q: [heads, 1, dim]; keys/values: [kv_heads, len, dim]."""
-        grouped = q.view(self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_dim)
-        scores = torch.bmm(grouped, keys.transpose(1, 2)).float() * self.scale
-        probs = scores.softmax(-1).to(values.dtype)
-        return torch.bmm(probs, values)  # [kv_heads, group, dim] == heads in order
+        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rope)
+        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rope)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        return self.o_proj(attend(q, k, v, cache, self.layer_index, meta, self.scale))
 
 
 class LlamaMLP(nn.Module):
@@ -169,10 +118,9 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids: [num_tokens] int64 -> float32 logits [vocab_size] of the last token."""
-        positions = torch.arange(meta.start, meta.end)
+        """input_ids: [num_tokens] int64 -> float32 logits [num_sequences, vocab_size] at meta.logits_indices."""
         hidden = self.embed_tokens(input_ids)
-        rope = self.rotary.tables(positions, hidden.dtype)
+        rope = self.rotary.tables(meta.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, rope, cache, meta)
-        return self.lm_head(self.norm(hidden[-1:]))[0].float()
+        return self.lm_head(self.norm(hidden[meta.logits_indices])).float()
