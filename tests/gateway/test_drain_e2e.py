@@ -12,7 +12,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpgate.v1 import generate_pb2_grpc
 from gateway.interceptors.admission import DRAINING_MESSAGE
-from tests.gateway.processes import FAST_HEALTH, GatewayProcess, generate_request, stream_request
+from tests.gateway.processes import (
+    FAST_HEALTH,
+    GatewayProcess,
+    SyntheticEngineProcess,
+    generate_request,
+    inference_stub,
+    stream_request,
+)
 
 GRACE_S = 0.3
 
@@ -62,3 +69,37 @@ def test_sigterm_lets_running_streams_finish_and_refuses_new_calls(engines, log_
         assert gateway.process.wait(15) == 0
     finally:
         gateway.stop()
+
+
+def test_calls_still_running_at_the_shutdown_timeout_are_cancelled_upstream(log_dir):
+    engine = SyntheticEngineProcess(0, 1, log_dir, "--token-delay", "0.05")
+    engine.start()
+    gateway = None
+    try:
+        engine.wait_serving()
+        gateway = GatewayProcess(
+            [engine.address], *FAST_HEALTH, "--drain-grace", "0.2", "--shutdown-timeout", "1",
+            log_dir=log_dir, name="gateway-timeout",
+        )  # fmt: skip
+        gateway.wait_ranks([0])
+        with grpc.insecure_channel(gateway.address) as channel:
+            call = inference_stub(channel).GenerateStream(stream_request(1000), timeout=60)
+            assert next(call).WhichOneof("event") == "prompt_info"
+            gateway.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            try:
+                for _ in call:
+                    pass
+                raise AssertionError("a 50 s stream finished inside a 1 s shutdown timeout")
+            except grpc.RpcError as error:
+                assert error.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+            assert time.monotonic() - signalled < 3
+        assert gateway.process.wait(10) == 0
+        deadline = time.monotonic() + 1
+        while engine.load().num_running:
+            assert time.monotonic() < deadline, "the engine kept generating for a cancelled call"
+            time.sleep(0.02)
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        engine.stop()
