@@ -5,6 +5,8 @@ A synthetic engine process stands behind these gateways: what is tested here is 
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -180,3 +182,18 @@ def test_keepalive_pings_do_not_cut_off_a_long_quiet_call(start_gateway):
     gateway = start_gateway("--min-client-ping-interval", "0.25", name="gateway-keepalive")
     gateway.wait_ranks([0])
     assert long_call_with_pings(gateway.address, 500) == grpc.StatusCode.OK
+
+
+def test_in_flight_limit(start_gateway, engine):
+    gateway = start_gateway("--max-in-flight", "1", name="gateway-in-flight")
+    gateway.wait_ranks([0])
+    with grpc.insecure_channel(gateway.address) as channel:
+        stub = inference_stub(channel)
+        slow = stub.Generate.future(generate_request(20), timeout=10)  # 2 s at the engine
+        while engine.load().num_running == 0:
+            time.sleep(0.01)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Generate(generate_request(1), timeout=5)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert info.value.details() == "gateway is at its limit of 1 calls in flight"
+        assert slow.result().text
