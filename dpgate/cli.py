@@ -39,7 +39,10 @@ def top_level_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0].startswith("-") or argv[0] not in SUBCOMMANDS:
+    if not argv:
+        top_level_parser().print_help(sys.stderr)
+        return 2
+    if argv[0].startswith("-") or argv[0] not in SUBCOMMANDS:
         top_level_parser().parse_args(argv[:1])  # prints help/version or exits 2 naming the command
         return 2
     name, rest = argv[0], argv[1:]

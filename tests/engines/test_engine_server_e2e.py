@@ -312,3 +312,19 @@ def test_the_engine_counts_its_requests_in_prometheus(engine):
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert 'dpgate_engine_requests_total{code="OK",rpc="Generate"}' in body
     assert 'dpgate_engine_requests_total{code="INVALID_ARGUMENT",rpc="Generate"}' in body
+
+
+def test_dpgate_generate_streams_a_completion_to_the_terminal(engine):
+    import subprocess
+
+    from tests.support.processes import dpgate_command
+
+    command = dpgate_command("generate", "The capital of France is", "--address", engine.address, "--temperature", "0")
+    ok = subprocess.run([*command, "--max-tokens", "8", "--verbose"], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert "Paris" in ok.stdout
+    assert "[finish: length, 5 prompt + 8 generated tokens]" in ok.stderr
+
+    bad = subprocess.run([*command, "--max-tokens", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert bad.stderr.strip() == "dpgate generate: INVALID_ARGUMENT: stopping.max_tokens must be >= 1"

@@ -1,0 +1,79 @@
+"""Bad flags at start-up: exit status 2 and one sentence naming the flag, never a traceback."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from tests.support.processes import dpgate_command, free_port
+
+
+def run_engine(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(dpgate_command("engine", *flags), capture_output=True, text=True, timeout=60)
+
+
+def bad_flag_cases(tmp_path):
+    not_gguf = tmp_path / "weights.bin"
+    not_gguf.write_bytes(b"PK\x03\x04 definitely not a gguf file")
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(b"GGUF\x03\x00\x00\x00")
+    empty_dir = tmp_path / "empty"
+    empty_dir.mkdir()
+    return [
+        (["--port", "0"], "--port 0 must be in [1, 65535]"),
+        (["--port", "70000"], "--port 70000 must be in [1, 65535]"),
+        (["--port", "5000", "--metrics-port", "5000"], "--metrics-port 5000 must differ from --port"),
+        (["--dtype", "int3"], "--dtype int3 must be one of bfloat16, float16, float32"),
+        (["--max-model-len", "1"], "--max-model-len 1 must be >= 2"),
+        (["--data-parallel-size", "0"], "--data-parallel-size 0 must be >= 1"),
+        (
+            ["--data-parallel-rank", "2", "--data-parallel-size", "2"],
+            "--data-parallel-rank 2 must be in [0, 1] for --data-parallel-size 2",
+        ),
+        (
+            ["--model", str(tmp_path / "missing.gguf")],
+            f"--model {tmp_path / 'missing.gguf'}: no such file or directory, and not a known model name",
+        ),
+        (["--model", str(not_gguf)], f"--model {not_gguf}: the file is not a GGUF file"),
+        (["--model", str(truncated)], "is not a readable GGUF file"),
+        (["--model", str(empty_dir)], f"--model {empty_dir}: the directory has no config.json"),
+    ]
+
+
+def test_every_bad_flag_exits_2_with_one_sentence(tmp_path):
+    for flags, message in bad_flag_cases(tmp_path):
+        result = run_engine(*flags)
+        assert result.returncode == 2, (flags, result.stderr)
+        assert message in result.stderr, (flags, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_argparse_errors_also_exit_2():
+    result = run_engine("--port", "not-a-number")
+    assert result.returncode == 2 and "--port" in result.stderr
+
+
+def test_a_port_in_use_exits_2_naming_the_port():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_engine("--port", str(port))
+    assert result.returncode == 2
+    assert f"--port {port}: cannot bind" in result.stderr.splitlines()[-1]
+    assert "Traceback" not in result.stderr
+
+
+def test_max_model_len_beyond_the_models_context_exits_2(tiny_model_dir):
+    result = run_engine("--port", str(free_port()), "--model", str(tiny_model_dir), "--max-model-len", "5000")
+    assert result.returncode == 2
+    assert "--max-model-len 5000 must be <= the model's context of 1024" in result.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("flags", [["--help"], []])
+def test_the_dpgate_command_lists_its_subcommands(flags):
+    result = subprocess.run(dpgate_command(*flags), capture_output=True, text=True, timeout=30)
+    assert "engine" in result.stdout + result.stderr and "generate" in result.stdout + result.stderr
