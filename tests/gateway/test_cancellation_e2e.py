@@ -48,13 +48,13 @@ def test_fifty_streams_cancelled_mid_generation_free_the_engines(gateway, engine
             readers = [asyncio.create_task(read(call)) for call in calls]
             await asyncio.wait_for(tokens_seen.wait(), 30)
             deadline = time.monotonic() + 10
-            while True:  # every stream has reached an engine: one running on each, the rest queued
+            while True:  # every stream has reached an engine (running or queued, as its scheduler decides)
                 loads = [engine.load() for engine in engines]
                 if sum(load.num_running + load.num_waiting for load in loads) == 50:
                     break
                 assert time.monotonic() < deadline, [(x.num_running, x.num_waiting) for x in loads]
                 await asyncio.sleep(0.05)
-            assert all(load.num_running == 1 for load in loads)
+            assert all(load.num_running >= 1 for load in loads)
             for call in calls:
                 call.cancel()
             await asyncio.gather(*readers, return_exceptions=True)

@@ -36,7 +36,7 @@ def test_sigterm_lets_running_streams_finish_and_refuses_new_calls(engines, log_
             async with aio.insecure_channel(gateway.address) as channel:
                 stub = generate_pb2_grpc.InferenceServiceStub(channel)
                 health = health_pb2_grpc.HealthStub(channel)
-                calls = [stub.GenerateStream(stream_request(80), timeout=60) for _ in range(10)]
+                calls = [stub.GenerateStream(stream_request(150), timeout=60) for _ in range(10)]
 
                 async def collect(call) -> list[str]:
                     return [message.WhichOneof("event") async for message in call]
