@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from engines.engine import LLMEngine
+from engines.scheduler import QueueFullError, RequestTooLargeError
 from engines.sequence import Sequence, StepOutput
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class AsyncEngine:
         self.num_running = 0
         self.num_waiting = 0
         self.kv_usage = 0.0
+        self.on_step = None  # optional callback(engine) after each step, for metrics
         self.thread = threading.Thread(target=self._run, name="dpgate-engine", daemon=True)
         self.thread.start()
 
@@ -72,6 +74,8 @@ class AsyncEngine:
         try:
             while not finished:
                 output = await outputs.get()
+                if isinstance(output, QueueFullError | RequestTooLargeError):
+                    raise output
                 if isinstance(output, BaseException):
                     raise EngineFailedError(str(output)) from output
                 finished = output.finish_reason is not None
@@ -105,7 +109,10 @@ class AsyncEngine:
         if isinstance(command, Shutdown):
             return False
         if isinstance(command, AddRequest):
-            self.engine.add(command.seq)
+            try:
+                self.engine.add(command.seq)
+            except (QueueFullError, RequestTooLargeError) as refusal:
+                self.loop.call_soon_threadsafe(self._deliver, refusal, command.seq.request_id)
         else:
             aborted = self.engine.abort(command.request_id)
             if aborted is not None:
@@ -124,6 +131,8 @@ class AsyncEngine:
                 if self.engine.has_work:
                     for output in self.engine.step():
                         self._send(output)
+                    if self.on_step is not None:
+                        self.on_step(self.engine)
                 self.num_running, self.num_waiting = self.engine.num_running, self.engine.num_waiting
                 self.kv_usage = self.engine.kv_usage
             except Exception as error:  # a failing step must not hang its clients
@@ -131,7 +140,8 @@ class AsyncEngine:
                 self._fail_running(error)
 
     def _fail_running(self, error: Exception) -> None:
-        seq = self.engine.running
-        self.engine.running = None
-        if seq is not None:
+        """A step raised: every running request ends with the error rather than hanging, and
+        its blocks are freed; waiting requests keep their place."""
+        for seq in list(self.engine.scheduler.running):
+            self.engine.abort(seq.request_id)
             self.loop.call_soon_threadsafe(self._deliver, error, seq.request_id)

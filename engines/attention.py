@@ -1,53 +1,91 @@
-"""Attention over the engine's KV cache, shared by every model.
+"""Paged attention over the engine's KV cache, shared by every model.
 
 A model computes q, k and v for the step's tokens, applies its own position encoding, and calls
-`attend`; where keys and values live (the cache layout) and which cached tokens each query may
-see (causality, sliding windows) are decided here, from `AttentionMetadata`, and nowhere else.
+`attend`. Where keys and values live (blocks of the paged cache, addressed by flat slot numbers)
+and which cached tokens each query may see (causality, sliding windows) are decided here and in
+`AttentionMetadata`, which the runner builds once per step and every layer reuses.
+
+Single-token queries (decodes) of all sequences are computed together: their context slots are
+gathered into one padded [batch, max_context] index. Multi-token chunks (prefills) are computed
+one sequence at a time with a causal mask offset by what the sequence already has cached.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 
-@dataclass(slots=True)
-class AttentionMetadata:
-    """What one forward step attends to, for a single sequence.
-
-    `start` tokens are already in the cache; the step adds `num_tokens` at positions
-    start .. start+num_tokens-1 and each new token attends causally to all cached ones.
-    """
-
-    start: int
-    num_tokens: int
-
-    @property
-    def end(self) -> int:
-        return self.start + self.num_tokens
-
-    @property
-    def positions(self) -> torch.Tensor:
-        """Position of each of the step's tokens: [num_tokens] int64."""
-        return torch.arange(self.start, self.end)
-
-    @property
-    def logits_indices(self) -> torch.Tensor:
-        """Rows of the step's hidden states whose next-token logits are wanted: [num_sequences]."""
-        return torch.tensor([self.num_tokens - 1])
-
-
 class KVCache:
-    """Contiguous key/value storage for one sequence: `keys[layer]` is [kv_heads, max_len, head_dim],
-    laid out so the attended prefix is a view, never a copy."""
+    """Keys and values of every layer: `keys[layer]` is [num_blocks * block_size, kv_heads, head_dim],
+    so the slot of a sequence's token at position p is block_table[p // block_size] * block_size
+    + p % block_size."""
 
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_len: int, dtype: torch.dtype):
-        shape = (num_layers, num_kv_heads, max_len, head_dim)
+    def __init__(
+        self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int, block_size: int, dtype: torch.dtype
+    ):
+        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype)
         self.values = torch.zeros(shape, dtype=dtype)
-        self.max_len = max_len
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+
+    @property
+    def num_slots(self) -> int:
+        return self.keys.shape[1]
+
+
+@dataclass(slots=True)
+class PrefillSlice:
+    """One multi-token chunk: rows query_start .. query_start+query_len of the step, attending to
+    the sequence's context slots (cached tokens plus the chunk itself)."""
+
+    query_start: int
+    query_len: int
+    context_slots: torch.Tensor  # [context_len] int64
+    query_positions: torch.Tensor  # [query_len] int64
+
+    @property
+    def context_len(self) -> int:
+        return self.context_slots.shape[0]
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Everything attention needs for one step, built once by the runner.
+
+    positions / slot_mapping: [num_tokens] position and cache slot of each token fed this step.
+    logits_indices: [num_sampled] rows whose next-token logits are wanted.
+    decode_rows: [batch] rows that are single-token queries; decode_slots: [batch, max_context]
+    their context slots (padded with slot 0); decode_positions: [batch] their positions.
+    """
+
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    logits_indices: torch.Tensor
+    decode_rows: torch.Tensor
+    decode_slots: torch.Tensor
+    decode_positions: torch.Tensor
+    prefills: list[PrefillSlice]
+    _decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.positions.shape[0]
+
+    def decode_mask(self, sliding_window: int | None) -> torch.Tensor:
+        """[batch, 1, 1, max_context] True where a decode query may see the key; cached per window
+        size because every layer of that kind reuses it."""
+        if sliding_window not in self._decode_masks:
+            key_positions = torch.arange(self.decode_slots.shape[1])[None, :]
+            query_positions = self.decode_positions[:, None]
+            visible = key_positions <= query_positions
+            if sliding_window is not None:
+                visible &= query_positions - key_positions < sliding_window
+            self._decode_masks[sliding_window] = visible[:, None, None, :]
+        return self._decode_masks[sliding_window]
 
 
 def attend(
@@ -63,33 +101,51 @@ def attend(
     """Store k/v in the cache and attend. q: [tokens, heads, dim]; k, v: [tokens, kv_heads, dim]
     (position encoding already applied). Returns [tokens, heads * dim] in q's dtype.
 
-    A query at position p sees cached keys at positions <= p, and with a sliding window only
-    those with p - key_position < sliding_window.
+    A query at position p sees its sequence's keys at positions <= p, and with a sliding window
+    only those with p - key_position < sliding_window.
     """
     num_tokens, num_heads, head_dim = q.shape
     keys, values = cache.keys[layer_index], cache.values[layer_index]
-    keys[:, meta.start : meta.end] = k.transpose(0, 1)
-    values[:, meta.start : meta.end] = v.transpose(0, 1)
-    first = 0 if sliding_window is None else max(0, meta.end - num_tokens - sliding_window + 1)
-    keys, values = keys[:, first : meta.end], values[:, first : meta.end]
-    q = q.transpose(0, 1)
-    if num_tokens == 1:
-        out = _single_query(q, keys, values, scale)
-    else:
-        key_positions = torch.arange(first, meta.end)
-        visible = key_positions[None, :] <= meta.positions[:, None]
-        if sliding_window is not None:
-            visible &= meta.positions[:, None] - key_positions[None, :] < sliding_window
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, scale=scale, enable_gqa=True)
-    return out.transpose(0, 1).reshape(num_tokens, num_heads * head_dim)
+    keys.index_copy_(0, meta.slot_mapping, k)
+    values.index_copy_(0, meta.slot_mapping, v)
+    if num_tokens == meta.decode_rows.shape[0]:  # a decode-only step: no scatter needed
+        return _decode(q, keys, values, meta, scale, sliding_window).reshape(num_tokens, num_heads * head_dim)
+    out = torch.empty_like(q)
+    if meta.decode_rows.numel():
+        out[meta.decode_rows] = _decode(q[meta.decode_rows], keys, values, meta, scale, sliding_window)
+    for chunk in meta.prefills:
+        rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
+        out[rows] = _prefill(q[rows], keys, values, chunk, scale, sliding_window)
+    return out.reshape(num_tokens, num_heads * head_dim)
 
 
-def _single_query(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
-    """One query token against the visible cache without repeating kv heads: the query heads that
-    share a kv head are stacked as rows. q: [heads, 1, dim]; keys/values: [kv_heads, len, dim]."""
-    num_heads, _, head_dim = q.shape
-    num_kv_heads = keys.shape[0]
-    grouped = q.reshape(num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.bmm(grouped, keys.transpose(1, 2)).float() * scale
+def _decode(q, keys, values, meta: AttentionMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
+    """Single-token queries of a batch: q [batch, heads, dim] -> [batch, heads, dim]. The query
+    heads sharing a kv head are stacked as rows, so kv heads are never repeated."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
+    context_keys = keys[meta.decode_slots].permute(0, 2, 3, 1)  # [batch, kv_heads, dim, context]
+    context_values = values[meta.decode_slots].transpose(1, 2)  # [batch, kv_heads, context, dim]
+    grouped = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.matmul(grouped, context_keys).float() * scale  # [batch, kv_heads, group, context]
+    scores = scores.masked_fill(~meta.decode_mask(sliding_window), float("-inf"))
     probs = scores.softmax(-1).to(values.dtype)
-    return torch.bmm(probs, values).reshape(num_heads, 1, head_dim)
+    return torch.matmul(probs, context_values).reshape(batch, num_heads, head_dim)
+
+
+def _prefill(q, keys, values, chunk: PrefillSlice, scale: float, sliding_window: int | None) -> torch.Tensor:
+    """One sequence's chunk: q [query_len, heads, dim] -> [query_len, heads, dim]."""
+    first = 0
+    if sliding_window is not None:
+        first = max(0, int(chunk.query_positions[0]) - sliding_window + 1)
+    slots = chunk.context_slots[first:]
+    context_keys = keys[slots].transpose(0, 1)  # [kv_heads, context, dim]
+    context_values = values[slots].transpose(0, 1)
+    key_positions = torch.arange(first, chunk.context_len)
+    visible = key_positions[None, :] <= chunk.query_positions[:, None]
+    if sliding_window is not None:
+        visible &= chunk.query_positions[:, None] - key_positions[None, :] < sliding_window
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), context_keys, context_values, attn_mask=visible, scale=scale, enable_gqa=True
+    )
+    return out.transpose(0, 1)

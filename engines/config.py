@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from engines.model_source import DEFAULT_MODEL
+from engines.scheduler import SchedulerConfig
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +35,16 @@ class EngineConfig:
     data_parallel_rank: int = 0
     data_parallel_size: int = 1
     metrics_port: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_mb: int = 512
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 256
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_waiting)
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -60,6 +71,18 @@ class EngineConfig:
             )
         if not self.host:
             raise ConfigError("--host must not be empty")
+        if not 1 <= self.block_size <= 1024:
+            raise ConfigError(f"--block-size {self.block_size} must be in [1, 1024]")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ConfigError(f"--num-kv-blocks {self.num_kv_blocks} must be >= 1")
+        if self.kv_cache_memory_mb < 1:
+            raise ConfigError(f"--kv-cache-memory-mb {self.kv_cache_memory_mb} must be >= 1")
+        if self.max_num_seqs < 1:
+            raise ConfigError(f"--max-num-seqs {self.max_num_seqs} must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= 1")
+        if self.max_waiting < 0:
+            raise ConfigError(f"--max-waiting {self.max_waiting} must be >= 0")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -73,6 +96,12 @@ class EngineConfig:
             data_parallel_rank=args.data_parallel_rank,
             data_parallel_size=args.data_parallel_size,
             metrics_port=args.metrics_port,
+            block_size=args.block_size,
+            num_kv_blocks=args.num_kv_blocks,
+            kv_cache_memory_mb=args.kv_cache_memory_mb,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_waiting=args.max_waiting,
         )
 
 
@@ -90,6 +119,27 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-parallel-rank", type=int, default=0, help="this engine's global DP rank")
     parser.add_argument("--data-parallel-size", type=int, default=1, help="number of DP ranks in the deployment")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port (default: off)")
+    parser.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default: %(default)s)")
+    parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: from memory)")
+    parser.add_argument(
+        "--kv-cache-memory-mb",
+        type=int,
+        default=512,
+        help="memory for the KV cache when --num-kv-blocks is not given (default: %(default)s)",
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=32, help="sequences per batch (default: %(default)s)")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        help="tokens per step, prefill chunks included (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="queued requests before new ones get RESOURCE_EXHAUSTED (default: %(default)s)",
+    )
 
 
 def _check_port(flag: str, port: int) -> None:

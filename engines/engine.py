@@ -1,69 +1,89 @@
-"""The synchronous engine core: a waiting queue, one running sequence, and `step()`.
+"""The synchronous engine core: `step()` schedules, runs one batched forward, samples.
 
-Each step either prefills the next waiting sequence or decodes one token of the running one,
-samples, and returns what the step produced. Requests run one at a time here; the scheduler
-is the piece that will batch them.
+A handful of lines on purpose: the scheduler decides, the runner computes, the sampler picks,
+and each sequence applies its own stop rules.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import time
+from dataclasses import dataclass
 
-from engines.model_runner import ModelRunner
+from engines.block_manager import BlockManager
+from engines.model_runner import ChunkInput, ModelRunner
 from engines.sampler import sample
+from engines.scheduler import Scheduler, SchedulerConfig
 from engines.sequence import Sequence, StepOutput
 
 
+@dataclass(slots=True)
+class StepStats:
+    """What the last step did, for metrics."""
+
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    num_preempted: int = 0
+    seconds: float = 0.0
+
+
 class LLMEngine:
-    def __init__(self, runner: ModelRunner):
+    def __init__(self, runner: ModelRunner, config: SchedulerConfig | None = None):
         self.runner = runner
-        self.waiting: deque[Sequence] = deque()
-        self.running: Sequence | None = None
+        self.block_manager = BlockManager(runner.num_blocks, runner.block_size)
+        self.scheduler = Scheduler(config or SchedulerConfig(), self.block_manager)
+        self.last_step = StepStats()
 
     @property
     def has_work(self) -> bool:
-        return self.running is not None or bool(self.waiting)
+        return self.scheduler.has_work
 
     @property
     def num_running(self) -> int:
-        return int(self.running is not None)
+        return len(self.scheduler.running)
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self.scheduler.waiting)
 
     @property
     def kv_usage(self) -> float:
-        """Fraction of the KV cache holding the running sequence's tokens."""
-        used = self.running.num_tokens if self.running is not None else 0
-        return used / self.runner.max_model_len
+        return self.block_manager.usage
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        """Queue a sequence; raises QueueFullError or RequestTooLargeError (both RESOURCE_EXHAUSTED)."""
+        self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> StepOutput | None:
-        """End a waiting or running request; None when it is not here (already finished)."""
-        if self.running is not None and self.running.request_id == request_id:
-            seq, self.running = self.running, None
-            return seq.abort()
-        for seq in self.waiting:
-            if seq.request_id == request_id:
-                self.waiting.remove(seq)
-                return seq.abort()
-        return None
+        """End a waiting or running request and free its blocks; None when it is not here."""
+        seq = self.scheduler.abort(request_id)
+        return seq.abort() if seq is not None else None
 
     def step(self) -> list[StepOutput]:
-        if self.running is None:
-            if not self.waiting:
-                return []
-            self.running = self.waiting.popleft()
-            seq = self.running
-            logits = self.runner.forward(seq.prompt_ids, 0)
-        else:
-            seq = self.running
-            logits = self.runner.forward(seq.output_ids[-1:], seq.num_tokens - 1)
-        sampled = sample(logits, seq.sampling, seq.generator, seq.prompt_ids, seq.output_ids, seq.blocked_token_ids)
-        output = seq.append(sampled)
-        if seq.is_finished:
-            self.running = None
-        return [output]
+        started = time.perf_counter()
+        scheduled = self.scheduler.schedule()
+        if not scheduled.chunks:
+            return []
+        inputs = [
+            ChunkInput(c.seq.token_ids[c.start : c.start + c.num_tokens], c.start, c.seq.block_table, c.samples)
+            for c in scheduled.chunks
+        ]
+        logits = self.runner.execute(inputs)
+        outputs, row = [], 0
+        stats = StepStats(num_preempted=scheduled.num_preempted)
+        for chunk in scheduled.chunks:
+            seq = chunk.seq
+            seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            stats.num_prompt_tokens += max(0, min(seq.num_computed_tokens, len(seq.prompt_ids)) - chunk.start)
+            if not chunk.samples:
+                continue
+            sampled = sample(
+                logits[row], seq.sampling, seq.generator, seq.prompt_ids, seq.output_ids, seq.blocked_token_ids
+            )
+            row += 1
+            outputs.append(seq.append(sampled))
+            stats.num_generated_tokens += 1
+            if seq.is_finished:
+                self.scheduler.finish(seq)
+        stats.seconds = time.perf_counter() - started
+        self.last_step = stats
+        return outputs

@@ -3,20 +3,61 @@ engines can live in one test process."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+if TYPE_CHECKING:
+    from engines.async_engine import AsyncEngine
+    from engines.engine import LLMEngine
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class EngineMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = registry = CollectorRegistry()
         self.requests = Counter(
             "dpgate_engine_requests",
             "RPCs answered by this engine, by rpc and status code.",
             ["rpc", "code"],
-            registry=self.registry,
+            registry=registry,
         )
-        self.running = Gauge("dpgate_engine_running_requests", "Requests generating now.", registry=self.registry)
-        self.waiting = Gauge("dpgate_engine_waiting_requests", "Requests queued.", registry=self.registry)
+        self.running = Gauge("dpgate_engine_running_requests", "Requests in the running batch.", registry=registry)
+        self.waiting = Gauge("dpgate_engine_waiting_requests", "Requests queued.", registry=registry)
+        self.kv_usage = Gauge("dpgate_engine_kv_cache_usage", "Fraction of KV-cache blocks in use.", registry=registry)
+        self.preemptions = Counter("dpgate_engine_preemptions", "Sequences preempted by recompute.", registry=registry)
+        self.prompt_tokens = Counter("dpgate_engine_prompt_tokens", "Prompt tokens prefilled.", registry=registry)
+        self.generated_tokens = Counter("dpgate_engine_generated_tokens", "Tokens generated.", registry=registry)
+        self.ttft = Histogram(
+            "dpgate_engine_time_to_first_token_seconds",
+            "Arrival to first token.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.tpot = Histogram(
+            "dpgate_engine_time_per_output_token_seconds",
+            "Mean gap between output tokens.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.step_time = Histogram(
+            "dpgate_engine_step_seconds", "Duration of one engine step.", buckets=LATENCY_BUCKETS, registry=registry
+        )
+
+    def watch(self, engine: AsyncEngine) -> None:
+        """Read load gauges from the engine and count each step's work (called on the engine thread)."""
+        self.running.set_function(lambda: engine.num_running)
+        self.waiting.set_function(lambda: engine.num_waiting)
+        self.kv_usage.set_function(lambda: engine.kv_usage)
+        engine.on_step = self.record_step
+
+    def record_step(self, engine: LLMEngine) -> None:
+        stats = engine.last_step
+        self.preemptions.inc(stats.num_preempted)
+        self.prompt_tokens.inc(stats.num_prompt_tokens)
+        self.generated_tokens.inc(stats.num_generated_tokens)
+        self.step_time.observe(stats.seconds)
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

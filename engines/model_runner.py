@@ -1,35 +1,109 @@
-"""Runs the model for one sequence at a time over a preallocated KV cache.
+"""Runs the model for a batch of sequence chunks over the paged KV cache.
 
-Prefill feeds the whole prompt in one forward; decode feeds the last sampled token. The runner
-knows nothing of requests beyond token ids and how many are already cached.
+The runner turns scheduled chunks into flat model inputs and one `AttentionMetadata`, runs one
+forward for the whole batch, and returns the next-token logits of the chunks that end at their
+sequence's last token. It knows token ids, positions and block tables, nothing of requests.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
 
-from engines.attention import AttentionMetadata, KVCache
+from engines.attention import AttentionMetadata, KVCache, PrefillSlice
+from engines.block_manager import blocks_needed
 from engines.loader import LoadedModel
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkInput:
+    """`token_ids` are fed at positions start.. of a sequence whose cache blocks are `block_table`."""
+
+    token_ids: Sequence[int]
+    start: int
+    block_table: Sequence[int]
+    samples: bool = True
+
+
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, max_model_len: int):
-        self.model = loaded.model
+    def __init__(self, loaded: LoadedModel, max_model_len: int, num_blocks: int | None = None, block_size: int = 16):
         config = loaded.config
-        self.cache = KVCache(config.num_layers, config.num_kv_heads, config.head_dim, max_model_len, loaded.dtype)
+        self.model = loaded.model
         self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.num_blocks = num_blocks or blocks_needed(max_model_len, block_size)
+        self.cache = KVCache(
+            config.num_layers, config.num_kv_heads, config.head_dim, self.num_blocks, block_size, loaded.dtype
+        )
 
-    def forward(self, token_ids: list[int], num_cached: int) -> torch.Tensor:
-        """Append `token_ids` after `num_cached` cached tokens; float32 logits [vocab] of the last one."""
-        if num_cached + len(token_ids) > self.max_model_len:
-            raise ValueError(
-                f"sequence of {num_cached + len(token_ids)} tokens exceeds the cache ({self.max_model_len})"
-            )
-        ids = torch.tensor(token_ids, dtype=torch.long)
-        return self.model(ids, self.cache, AttentionMetadata(num_cached, len(token_ids)))[0]
+    def execute(self, chunks: Sequence[ChunkInput]) -> torch.Tensor:
+        """One forward over all chunks: float32 logits [num sampling chunks, vocab], in chunk order."""
+        input_ids = torch.tensor([t for chunk in chunks for t in chunk.token_ids], dtype=torch.long)
+        return self.model(input_ids, self.cache, self.prepare(chunks))
 
-    def warm_up(self) -> None:
-        """Run a prefill and a decode step so the first request pays no one-off cost and any
-        missing buffer fails at start-up."""
-        self.forward([0] * min(16, self.max_model_len - 1), 0)
-        self.forward([0], min(16, self.max_model_len - 1))
+    def forward(self, token_ids: Sequence[int], num_cached: int) -> torch.Tensor:
+        """One sequence occupying blocks 0.. of the cache (tests, warm-up): logits [vocab] of its last token."""
+        table = range(blocks_needed(num_cached + len(token_ids), self.block_size))
+        return self.execute([ChunkInput(token_ids, num_cached, table)])[0]
+
+    def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        """Run one step with the largest shapes the configuration allows before serving: every
+        decode slot at the deepest position the cache holds, plus a prefill chunk filling the rest
+        of the token budget. A buffer too small for the configuration fails here, at start-up, in
+        the code path that owns it, not under the first real load."""
+        table = range(self.num_blocks)
+        deepest = min(self.max_model_len, self.num_blocks * self.block_size)
+        num_decodes = max(0, min(max_num_seqs - 1, max_num_batched_tokens - 1, deepest - 1))
+        prefill_len = min(max_num_batched_tokens - num_decodes, deepest)
+        chunks = [ChunkInput([0], deepest - 1, table) for _ in range(num_decodes)]
+        chunks.append(ChunkInput([0] * prefill_len, deepest - prefill_len, table))
+        logits = self.execute(chunks)
+        if logits.shape[0] != len(chunks) or not torch.isfinite(logits).all():
+            raise RuntimeError(f"warm-up produced logits of shape {tuple(logits.shape)} with non-finite values")
+
+    def prepare(self, chunks: Sequence[ChunkInput]) -> AttentionMetadata:
+        positions, slots, logits_indices = [], [], []
+        decode_rows, decode_contexts, decode_positions = [], [], []
+        prefills = []
+        row = 0
+        for chunk in chunks:
+            end = chunk.start + len(chunk.token_ids)
+            if end > self.max_model_len:
+                raise ValueError(f"a sequence of {end} tokens exceeds max_model_len {self.max_model_len}")
+            context_slots = self._slots(chunk.block_table, end)
+            positions.extend(range(chunk.start, end))
+            slots.extend(context_slots[chunk.start :])
+            if len(chunk.token_ids) == 1:
+                decode_rows.append(row)
+                decode_contexts.append(context_slots)
+                decode_positions.append(chunk.start)
+            else:
+                prefills.append(
+                    PrefillSlice(row, len(chunk.token_ids), torch.tensor(context_slots), torch.arange(chunk.start, end))
+                )
+            row += len(chunk.token_ids)
+            if chunk.samples:
+                logits_indices.append(row - 1)
+        width = max((len(c) for c in decode_contexts), default=0)
+        decode_slots = torch.zeros((len(decode_contexts), width), dtype=torch.long)
+        for i, context in enumerate(decode_contexts):
+            decode_slots[i, : len(context)] = torch.tensor(context)
+        return AttentionMetadata(
+            positions=torch.tensor(positions, dtype=torch.long),
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            logits_indices=torch.tensor(logits_indices, dtype=torch.long),
+            decode_rows=torch.tensor(decode_rows, dtype=torch.long),
+            decode_slots=decode_slots,
+            decode_positions=torch.tensor(decode_positions, dtype=torch.long),
+            prefills=prefills,
+        )
+
+    def _slots(self, block_table: Sequence[int], num_tokens: int) -> list[int]:
+        """Flat cache slot of each of the sequence's first `num_tokens` tokens."""
+        size = self.block_size
+        needed = blocks_needed(num_tokens, size)
+        if len(block_table) < needed:
+            raise ValueError(f"block table has {len(block_table)} blocks; {num_tokens} tokens need {needed}")
+        return [block * size + offset for block in block_table[:needed] for offset in range(size)][:num_tokens]

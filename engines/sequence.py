@@ -53,6 +53,8 @@ class Sequence:
     stop_token_id: int | None = None
     stop_string: str | None = None
     generator: torch.Generator | None = None
+    block_table: list[int] = field(default_factory=list)  # KV-cache blocks, owned via the BlockManager
+    num_computed_tokens: int = 0  # tokens whose keys and values are in the cache
     detokenizer: IncrementalDetokenizer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +72,11 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt then output: what the model has seen or will see, in order."""
+        return self.prompt_ids + self.output_ids
 
     @property
     def blocked_token_ids(self) -> list[int]:

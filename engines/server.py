@@ -45,6 +45,14 @@ def max_model_len_for(config: EngineConfig, loaded: LoadedModel) -> int:
     return config.max_model_len
 
 
+def kv_blocks_for_memory(config: EngineConfig, loaded: LoadedModel) -> int:
+    """As many blocks as --kv-cache-memory-mb holds: keys and values of every layer."""
+    model = loaded.config
+    bytes_per_block = 2 * model.num_layers * config.block_size * model.num_kv_heads * model.head_dim
+    bytes_per_block *= loaded.model.embed_tokens.weight.element_size()
+    return max(1, config.kv_cache_memory_mb * 2**20 // bytes_per_block)
+
+
 async def serve(config: EngineConfig) -> int:
     started = time.monotonic()
     source = resolve_model(config.model, config.served_model_name)
@@ -57,12 +65,12 @@ async def serve(config: EngineConfig) -> int:
 
     loaded = await asyncio.to_thread(load, source, config.torch_dtype)
     max_model_len = max_model_len_for(config, loaded)
-    runner = ModelRunner(loaded, max_model_len)
-    await asyncio.to_thread(runner.warm_up)
-    engine = AsyncEngine(LLMEngine(runner), asyncio.get_running_loop())
+    num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, loaded)
+    runner = ModelRunner(loaded, max_model_len, num_blocks, config.block_size)
+    await asyncio.to_thread(runner.warm_up, config.max_num_seqs, config.max_num_batched_tokens)
+    engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop())
     metrics = EngineMetrics()
-    metrics.running.set_function(lambda: engine.num_running)
-    metrics.waiting.set_function(lambda: engine.num_waiting)
+    metrics.watch(engine)
     tokenizer = loaded.tokenizer
     limits = ModelLimits(source.name, loaded.config.vocab_size, max_model_len, tokenizer.eos_token_ids)
 
@@ -76,8 +84,8 @@ async def serve(config: EngineConfig) -> int:
         ),
         model=source.name,
         max_model_len=max_model_len,
-        kv_block_size=max_model_len,  # one contiguous block per sequence until the paged cache lands
-        num_kv_blocks=1,
+        kv_block_size=config.block_size,
+        num_kv_blocks=num_blocks,
     )
     model_info = control_pb2.GetModelInfoResponse(
         model=source.name,

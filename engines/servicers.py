@@ -7,6 +7,7 @@ to one status code in `STATUS_FOR_ERROR`, so no client ever sees a Python traceb
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -22,6 +23,7 @@ from engines.request_builder import (
     build_sequence,
 )
 from engines.sampling_params import InvalidRequestError
+from engines.scheduler import QueueFullError, RequestTooLargeError
 from engines.sequence import FinishReason, StepOutput
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,8 @@ STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
     UnknownModelError: grpc.StatusCode.NOT_FOUND,
     UnsupportedFeatureError: grpc.StatusCode.UNIMPLEMENTED,
+    QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    RequestTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     EngineFailedError: grpc.StatusCode.INTERNAL,
 }
 
@@ -107,11 +111,19 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
     async def _run(self, rpc: str, request: GenerateLike, context: grpc.aio.ServicerContext):
         """Validate, run and yield (sequence, step output); every failure becomes one status with a message."""
         code = grpc.StatusCode.OK
+        arrived = time.perf_counter()
+        first_token_at: float | None = None
         try:
             seq = build_sequence(request, self.limits, self.tokenizer)
             if self.engine.is_active(seq.request_id):
                 raise InvalidRequestError(f"request_id {seq.request_id!r} is already in use by a running request")
             async for output in self.engine.generate(seq):
+                if first_token_at is None and output.token_ids:
+                    first_token_at = time.perf_counter()
+                    self.metrics.ttft.observe(first_token_at - arrived)
+                if output.finish_reason is not None and first_token_at is not None and output.num_generated_tokens > 1:
+                    gaps = output.num_generated_tokens - 1
+                    self.metrics.tpot.observe((time.perf_counter() - first_token_at) / gaps)
                 yield seq, output
         except Exception as error:
             code = status_for(error)

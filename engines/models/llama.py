@@ -42,6 +42,8 @@ class RotaryEmbedding(nn.Module):
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for `positions` [tokens], in `dtype`; looked up once per step, used by every layer."""
+        if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
+            raise ValueError(f"position {int(positions.max())} is beyond the rotary table ({self.cos.shape[0]})")
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
@@ -118,7 +120,7 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids: [num_tokens] int64 -> float32 logits [num_sequences, vocab_size] at meta.logits_indices."""
+        """input_ids: [num_tokens] int64 -> float32 logits [len(meta.logits_indices), vocab_size]."""
         hidden = self.embed_tokens(input_ids)
         rope = self.rotary.tables(meta.positions, hidden.dtype)
         for layer in self.layers:

@@ -1,0 +1,121 @@
+"""The scheduler's decisions on plain data: budgets, chunking, admission, preemption."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from engines.block_manager import BlockManager
+from engines.sampling_params import StoppingParams
+from engines.scheduler import QueueFullError, RequestTooLargeError, Scheduler, SchedulerConfig
+
+
+@dataclass(eq=False)
+class FakeSequence:
+    """The fields the scheduler reads, nothing else (no torch, no tokenizer)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int = 8
+    output_ids: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+
+    @property
+    def stopping(self) -> StoppingParams:
+        return StoppingParams(max_tokens=self.max_tokens)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+def make(num_blocks=16, block_size=4, **config) -> Scheduler:
+    return Scheduler(SchedulerConfig(**config), BlockManager(num_blocks, block_size))
+
+
+def run_step(scheduler: Scheduler):
+    """Apply a step as the engine would: advance computed tokens, add one output per sampling chunk."""
+    output = scheduler.schedule()
+    for chunk in output.chunks:
+        chunk.seq.num_computed_tokens = chunk.start + chunk.num_tokens
+        if chunk.samples:
+            chunk.seq.output_ids.append(7)
+    scheduler.block_manager.check_invariants(s.block_table for s in scheduler.running)
+    return output
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_within_the_token_budget():
+    scheduler = make(max_num_batched_tokens=8)
+    seq = FakeSequence("a", list(range(20)))
+    scheduler.add(seq)
+    sizes = []
+    while not seq.output_ids:
+        sizes.append([(c.start, c.num_tokens, c.samples) for c in run_step(scheduler).chunks])
+    assert sizes == [[(0, 8, False)], [(8, 8, False)], [(16, 4, True)]]
+
+
+def test_decodes_come_first_and_prefill_chunks_fill_the_rest_of_the_budget():
+    scheduler = make(max_num_batched_tokens=6)
+    first = FakeSequence("first", [1, 2])
+    scheduler.add(first)
+    run_step(scheduler)  # first prefilled, one token out
+    second = FakeSequence("second", list(range(10)))
+    scheduler.add(second)
+    chunks = run_step(scheduler).chunks
+    assert [(c.seq.request_id, c.num_tokens) for c in chunks] == [("first", 1), ("second", 5)]
+
+
+def test_admission_stops_at_max_num_seqs():
+    scheduler = make(max_num_seqs=2)
+    for name in "abc":
+        scheduler.add(FakeSequence(name, [1, 2, 3]))
+    run_step(scheduler)
+    assert [s.request_id for s in scheduler.running] == ["a", "b"]
+    assert [s.request_id for s in scheduler.waiting] == ["c"]
+
+
+def test_when_blocks_run_out_the_newest_running_sequence_is_preempted_and_recomputed():
+    scheduler = make(num_blocks=4, block_size=2, max_num_batched_tokens=64)
+    old, new = FakeSequence("old", [1, 2, 3], max_tokens=5), FakeSequence("new", [4, 5, 6], max_tokens=5)
+    scheduler.add(old)
+    scheduler.add(new)
+    run_step(scheduler)  # both prefilled (3 tokens in 2 blocks each): the cache is full
+    run_step(scheduler)  # both decode their 4th token, still within 2 blocks
+    output = run_step(scheduler)  # both need a third block for the 5th: "new" is preempted
+    assert output.num_preempted == 1 and scheduler.num_preemptions == 1
+    assert [c.seq.request_id for c in output.chunks] == ["old"]
+    assert list(scheduler.waiting) == [new] and new.block_table == [] and new.num_computed_tokens == 0
+    while scheduler.running:
+        run_step(scheduler)
+        for seq in list(scheduler.running):
+            if len(seq.output_ids) >= seq.max_tokens:
+                scheduler.finish(seq)
+    chunk = scheduler.schedule().chunks[0]
+    assert (chunk.seq, chunk.start, chunk.num_tokens) == (new, 0, 5)  # its prompt and 2 outputs again
+    assert chunk.samples
+
+
+def test_abort_frees_blocks_of_running_and_waiting_sequences():
+    scheduler = make(num_blocks=4, block_size=4, max_num_seqs=1)
+    running, waiting = FakeSequence("r", [1] * 6), FakeSequence("w", [2] * 3)
+    scheduler.add(running)
+    scheduler.add(waiting)
+    run_step(scheduler)
+    assert scheduler.abort("r") is running and scheduler.block_manager.num_free_blocks == 4
+    assert scheduler.abort("w") is waiting and not scheduler.has_work
+    assert scheduler.abort("missing") is None
+
+
+def test_a_request_that_cannot_fit_even_alone_is_refused():
+    scheduler = make(num_blocks=2, block_size=4)
+    with pytest.raises(RequestTooLargeError, match="needs up to 3 KV-cache blocks .* the cache has 2"):
+        scheduler.add(FakeSequence("big", [1] * 5, max_tokens=5))
+
+
+def test_a_full_waiting_queue_refuses_new_requests():
+    scheduler = make(max_waiting=1)
+    scheduler.add(FakeSequence("a", [1]))
+    with pytest.raises(QueueFullError, match="waiting queue is full"):
+        scheduler.add(FakeSequence("b", [1]))
