@@ -110,7 +110,7 @@ def test_abort_frees_blocks_of_running_and_waiting_sequences():
 
 def test_a_request_that_cannot_fit_even_alone_is_refused():
     scheduler = make(num_blocks=2, block_size=4)
-    with pytest.raises(RequestTooLargeError, match="needs up to 3 KV-cache blocks .* the cache has 2"):
+    with pytest.raises(RequestTooLargeError, match=r"needs up to 3 KV-cache blocks .* the cache has 2"):
         scheduler.add(FakeSequence("big", [1] * 5, max_tokens=5))
 
 
