@@ -41,6 +41,7 @@ class EngineConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
+    num_threads: int | None = None
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -81,6 +82,8 @@ class EngineConfig:
             raise ConfigError(f"--max-num-seqs {self.max_num_seqs} must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ConfigError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= 1")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
         if self.max_waiting < 0:
             raise ConfigError(f"--max-waiting {self.max_waiting} must be >= 0")
 
@@ -102,6 +105,7 @@ class EngineConfig:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_waiting=args.max_waiting,
+            num_threads=args.num_threads,
         )
 
 
@@ -139,6 +143,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=256,
         help="queued requests before new ones get RESOURCE_EXHAUSTED (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="torch compute threads; give engines that share a host a share of its cores (default: all)",
     )
 
 

@@ -63,6 +63,10 @@ async def serve(config: EngineConfig) -> int:
     except RuntimeError as error:
         raise ConfigError(f"--port {config.port}: cannot bind {address} ({error})") from error
 
+    if config.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(config.num_threads)
     loaded = await asyncio.to_thread(load, source, config.torch_dtype)
     max_model_len = max_model_len_for(config, loaded)
     num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, loaded)
