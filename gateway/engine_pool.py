@@ -95,7 +95,10 @@ class EnginePool:
     async def _watch(self, engine: EngineClient) -> None:
         while True:
             engine.wake.clear()
-            await self._probe(engine)
+            try:
+                await self._probe(engine)
+            except Exception:  # a bug here must not stop watching the engine
+                logger.exception("probing %s failed unexpectedly", _name(engine))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(engine.wake.wait(), self._config.health_interval_s)
 

@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         uvloop.run(serve(config))
-    except OSError as error:  # typically the port is taken
-        print(f"dpgate gateway: error: cannot serve on {config.host}:{config.port}: {error}", file=sys.stderr)
-        return 1
+    except ConfigError as error:  # a port that cannot be bound
+        print(f"dpgate gateway: error: {error}", file=sys.stderr)
+        return 2
     return 0

@@ -114,14 +114,21 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"dpgate serve: error: {error}", file=sys.stderr)
         return 2
+    from gateway.server import ensure_bindable
+
+    try:
+        ensure_bindable(config.host, config.port, "--port")  # before any engine is started
+    except ConfigError as error:
+        print(f"dpgate serve: error: {error}", file=sys.stderr)
+        return 2
     configure_logging(config.log_json)
     processes = [subprocess.Popen(engine_command(args, rank, port)) for rank, port in enumerate(ports)]
     import uvloop
 
     try:
         return uvloop.run(serve(config, processes))
-    except OSError as error:
-        print(f"dpgate serve: error: cannot serve on {config.host}:{config.port}: {error}", file=sys.stderr)
-        return 1
+    except ConfigError as error:  # a port that cannot be bound
+        print(f"dpgate serve: error: {error}", file=sys.stderr)
+        return 2
     finally:
         stop_engines(processes)

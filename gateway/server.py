@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 
 import grpc
@@ -20,7 +21,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from dpgate.v1 import control_pb2, generate_pb2
-from gateway.config import GatewayConfig
+from gateway.config import ConfigError, GatewayConfig
 from gateway.engine_client import CONTROL_SERVICE, INFERENCE_SERVICE, UNARY_METHODS
 from gateway.engine_pool import EnginePool
 from gateway.forwarding import Forwarder
@@ -53,6 +54,26 @@ def server_options(config: GatewayConfig) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.so_reuseport", 0),
     ]
+
+
+def ensure_bindable(host: str, port: int, flag: str) -> None:
+    """Fail with one sentence naming `flag` when (host, port) cannot be bound.
+
+    Checked before gRPC binds, because gRPC's own failure also prints a C-core error line.
+    """
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        raise ConfigError(f"--host {host!r} does not resolve to an address.") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise ConfigError(f"{flag} {port}: cannot bind {host}:{port} ({error.strerror}).") from None
 
 
 def _read(path: str) -> bytes:
@@ -118,12 +139,21 @@ class GatewayServer:
         self.pool.add_listener(self._on_engines_changed)
         address = f"{self.config.host}:{self.config.port}"
         credentials = server_credentials(self.config)
-        if credentials is None:
-            self.port = self.server.add_insecure_port(address)
-        else:
-            self.port = self.server.add_secure_port(address, credentials)
+        ensure_bindable(self.config.host, self.config.port, "--port")
+        try:
+            if credentials is None:
+                self.port = self.server.add_insecure_port(address)
+            else:
+                self.port = self.server.add_secure_port(address, credentials)
+        except RuntimeError:  # grpc's way of saying the bind failed
+            raise ConfigError(f"--port {self.config.port}: cannot bind {address} (in use or not permitted).") from None
         if self.config.metrics_port is not None:
-            self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
+            try:
+                self.metrics_port = self.metrics.serve(self.config.host, self.config.metrics_port)
+            except OSError as error:
+                raise ConfigError(
+                    f"--metrics-port {self.config.metrics_port}: cannot bind ({error.strerror})."
+                ) from None
         await self.server.start()
         await self.pool.start()
         return self.port

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import subprocess
 
 import pytest
@@ -125,3 +126,19 @@ def test_the_real_command_line_exits_2():
         "dpgate gateway: error: --drain-grace 99.0 must be shorter than --shutdown-timeout 30.0, "
         "or in-flight calls get no time to finish."
     )
+
+
+@pytest.mark.parametrize("flag", ["--port", "--metrics-port"])
+def test_a_port_in_use_exits_2_naming_the_flag(flag):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        argv = ["--port", port] if flag == "--port" else ["--port", "0", "--metrics-port", port]
+        result = subprocess.run(
+            [PYTHON, "-m", "dpgate.cli", "gateway", "--engine", "127.0.0.1:1", *argv],
+            capture_output=True, text=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"dpgate gateway: error: {flag} {port}: cannot bind"), lines
