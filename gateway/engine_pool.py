@@ -20,6 +20,7 @@ import grpc
 from gateway.config import GatewayConfig
 from gateway.engine_client import EngineClient
 from gateway.handshake import check_engine
+from gateway.health_state import HealthStatus
 from gateway.metrics import GatewayMetrics
 from gateway.routing import EngineView
 from gateway.status_table import ENGINE_FAILURE_CODES
@@ -150,9 +151,12 @@ class EnginePool:
 
     def _probe_failed(self, engine: EngineClient) -> None:
         # is_serving keeps the engine's last answer: only the failure threshold takes it out.
-        changed = engine.health.record_failure()
-        if changed:
-            logger.warning("%s is unhealthy", _name(engine))
+        was_unknown = engine.health.status is HealthStatus.UNKNOWN
+        if engine.health.record_failure():
+            if was_unknown:  # never seen yet: most likely still starting
+                logger.info("%s is not reachable yet", _name(engine))
+            else:
+                logger.warning("%s is unhealthy", _name(engine))
             self._publish_health(engine)
 
     def _probe_succeeded(self, engine: EngineClient, is_serving: bool) -> None:

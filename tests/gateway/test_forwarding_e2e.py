@@ -126,14 +126,22 @@ def test_engine_errors_are_relayed_with_their_code(gateway):
 
 
 def test_metrics_count_routes_and_codes(gateway):
+    with grpc.insecure_channel(gateway.address) as channel:
+        stub = inference_stub(channel)
+        for _ in range(3):
+            stub.Generate(generate_request(1), metadata=[(RANK_KEY, "1")], timeout=10)
+        list(stub.GenerateStream(stream_request(2), timeout=10))
+        with pytest.raises(grpc.RpcError):
+            stub.Generate(generate_request(1), metadata=[(RANK_KEY, "-1")], timeout=10)
     samples = gateway.metrics()
-    assert samples['dpgate_gateway_routed_requests_total{rank="1"}'] >= 100
+    assert samples['dpgate_gateway_routed_requests_total{rank="1"}'] >= 3
     assert samples['dpgate_gateway_requests_total{code="INVALID_ARGUMENT",rpc="Generate"}'] >= 1
+    assert samples['dpgate_gateway_requests_total{code="OK",rpc="GenerateStream"}'] >= 1
+    assert samples['dpgate_gateway_rejected_metadata_total{key="x-data-parallel-rank"}'] >= 1
     health = {name: value for name, value in samples.items() if name.startswith("dpgate_gateway_engine_healthy{")}
     assert sorted(name.split('rank="')[1][0] for name, value in health.items() if value == 1) == ["0", "1"]
     circuits = [v for name, v in samples.items() if name.startswith("dpgate_gateway_circuit_state{")]
-    assert all(value == 0 for value in circuits)
-    assert "dpgate_gateway_in_flight_requests" in samples
+    assert len(circuits) == 2 and all(value == 0 for value in circuits)
+    assert samples["dpgate_gateway_in_flight_requests"] == 0
     assert samples["dpgate_gateway_time_to_first_token_seconds_count"] >= 1
-    assert samples['dpgate_gateway_request_duration_seconds_count{rpc="Generate"}'] >= 100
-
+    assert samples['dpgate_gateway_request_duration_seconds_count{rpc="Generate"}'] >= 4
