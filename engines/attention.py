@@ -19,14 +19,15 @@ import torch.nn.functional as F
 
 
 class KVCache:
-    """Keys and values of every layer: `keys[layer]` is [num_blocks * block_size, kv_heads, head_dim],
+    """Keys and values of every layer: `keys[layer]` is [kv_heads, num_blocks * block_size, head_dim],
     so the slot of a sequence's token at position p is block_table[p // block_size] * block_size
-    + p % block_size."""
+    + p % block_size. Heads lead so that gathering a batch's slots yields [kv_heads, ..., head_dim]
+    tensors that matmul and attention kernels read without another copy."""
 
     def __init__(
         self, num_layers: int, num_kv_heads: int, head_dim: int, num_blocks: int, block_size: int, dtype: torch.dtype
     ):
-        shape = (num_layers, num_blocks * block_size, num_kv_heads, head_dim)
+        shape = (num_layers, num_kv_heads, num_blocks * block_size, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype)
         self.values = torch.zeros(shape, dtype=dtype)
         self.num_blocks = num_blocks
@@ -34,7 +35,7 @@ class KVCache:
 
     @property
     def num_slots(self) -> int:
-        return self.keys.shape[1]
+        return self.keys.shape[2]
 
 
 @dataclass(slots=True)
@@ -76,7 +77,7 @@ class AttentionMetadata:
         return self.positions.shape[0]
 
     def decode_mask(self, sliding_window: int | None) -> torch.Tensor:
-        """[batch, 1, 1, max_context] True where a decode query may see the key; cached per window
+        """[1, batch, 1, max_context] True where a decode query may see the key; cached per window
         size because every layer of that kind reuses it."""
         if sliding_window not in self._decode_masks:
             key_positions = torch.arange(self.decode_slots.shape[1])[None, :]
@@ -84,7 +85,7 @@ class AttentionMetadata:
             visible = key_positions <= query_positions
             if sliding_window is not None:
                 visible &= query_positions - key_positions < sliding_window
-            self._decode_masks[sliding_window] = visible[:, None, None, :]
+            self._decode_masks[sliding_window] = visible[None, :, None, :]
         return self._decode_masks[sliding_window]
 
 
@@ -106,8 +107,8 @@ def attend(
     """
     num_tokens, num_heads, head_dim = q.shape
     keys, values = cache.keys[layer_index], cache.values[layer_index]
-    keys.index_copy_(0, meta.slot_mapping, k)
-    values.index_copy_(0, meta.slot_mapping, v)
+    keys.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+    values.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     if num_tokens == meta.decode_rows.shape[0]:  # a decode-only step: no scatter needed
         return _decode(q, keys, values, meta, scale, sliding_window).reshape(num_tokens, num_heads * head_dim)
     out = torch.empty_like(q)
@@ -123,14 +124,15 @@ def _decode(q, keys, values, meta: AttentionMetadata, scale: float, sliding_wind
     """Single-token queries of a batch: q [batch, heads, dim] -> [batch, heads, dim]. The query
     heads sharing a kv head are stacked as rows, so kv heads are never repeated."""
     batch, num_heads, head_dim = q.shape
-    num_kv_heads = keys.shape[1]
-    context_keys = keys[meta.decode_slots].permute(0, 2, 3, 1)  # [batch, kv_heads, dim, context]
-    context_values = values[meta.decode_slots].transpose(1, 2)  # [batch, kv_heads, context, dim]
-    grouped = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    scores = torch.matmul(grouped, context_keys).float() * scale  # [batch, kv_heads, group, context]
+    num_kv_heads = keys.shape[0]
+    context_keys = keys[:, meta.decode_slots]  # [kv_heads, batch, context, dim], contiguous
+    context_values = values[:, meta.decode_slots]
+    grouped = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
+    scores = torch.matmul(grouped, context_keys.transpose(-1, -2)).float() * scale  # [kv_heads, batch, group, ctx]
     scores = scores.masked_fill(~meta.decode_mask(sliding_window), float("-inf"))
     probs = scores.softmax(-1).to(values.dtype)
-    return torch.matmul(probs, context_values).reshape(batch, num_heads, head_dim)
+    out = torch.matmul(probs, context_values)  # [kv_heads, batch, group, dim]
+    return out.transpose(0, 1).reshape(batch, num_heads, head_dim)
 
 
 def _prefill(q, keys, values, chunk: PrefillSlice, scale: float, sliding_window: int | None) -> torch.Tensor:
@@ -139,8 +141,8 @@ def _prefill(q, keys, values, chunk: PrefillSlice, scale: float, sliding_window:
     if sliding_window is not None:
         first = max(0, int(chunk.query_positions[0]) - sliding_window + 1)
     slots = chunk.context_slots[first:]
-    context_keys = keys[slots].transpose(0, 1)  # [kv_heads, context, dim]
-    context_values = values[slots].transpose(0, 1)
+    context_keys = keys[:, slots]  # [kv_heads, context, dim]
+    context_values = values[:, slots]
     key_positions = torch.arange(first, chunk.context_len)
     visible = key_positions[None, :] <= chunk.query_positions[:, None]
     if sliding_window is not None:
