@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import subprocess
@@ -54,6 +55,8 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
     for flag, value in (("--model", args.model), ("--dtype", args.dtype), ("--max-model-len", args.max_model_len)):
         if value is not None:
             command += [flag, str(value)]
+    # Engines on one host share its cores: oversubscribed torch threads spin against each other.
+    command += ["--num-threads", str(max(1, (os.cpu_count() or 1) // args.data_parallel_size))]
     return command
 
 
