@@ -1,0 +1,39 @@
+"""Warm-up runs the largest shapes the configuration allows, and a buffer too small for the
+configuration fails there, in the code that owns it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engines.loader import load
+from engines.model_runner import ModelRunner
+from engines.model_source import resolve_model
+from engines.models.llama import RotaryEmbedding
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    return load(resolve_model(str(tiny_model_dir)), torch.float32)
+
+
+def test_warm_up_fills_every_decode_slot_at_the_deepest_position_and_the_token_budget(tiny, monkeypatch):
+    runner = ModelRunner(tiny, max_model_len=1024, num_blocks=80, block_size=16)
+    seen = []
+    execute = runner.execute
+    monkeypatch.setattr(runner, "execute", lambda chunks: seen.append(list(chunks)) or execute(chunks))
+    runner.warm_up(max_num_seqs=8, max_num_batched_tokens=64)
+    (chunks,) = seen
+    decodes = [c for c in chunks if len(c.token_ids) == 1]
+    assert len(decodes) == 7 and {c.start for c in decodes} == {1023}
+    assert sum(len(c.token_ids) for c in chunks) == 64
+
+
+def test_a_rotary_table_shorter_than_the_context_fails_at_warm_up(tiny):
+    runner = ModelRunner(tiny, max_model_len=1024, num_blocks=64, block_size=16)
+    runner.model.rotary = RotaryEmbedding(tiny.config.head_dim, 512, tiny.config.rope_theta)  # a bug to catch
+    try:
+        with pytest.raises(ValueError, match="position 1023 is beyond the rotary table"):
+            runner.warm_up(max_num_seqs=4, max_num_batched_tokens=32)
+    finally:
+        runner.model.rotary = RotaryEmbedding(tiny.config.head_dim, 1024, tiny.config.rope_theta)
