@@ -6,24 +6,48 @@ dequantizing weights is numpy work that releases the GIL, so the two overlap on 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from engines.gguf_reader import GGUFFile
 from engines.model_config import ModelConfig, config_from_gguf, config_from_hf_dir
 from engines.model_source import ModelSource, SourceKind
+from engines.models.gemma3 import Gemma3ForCausalLM
 from engines.models.llama import LlamaForCausalLM
 from engines.tokenizer import TokenizerInfo, load_tokenizer
-from engines.weights import build_model, gguf_state_dict, hf_state_dict
+from engines.weights import (
+    build_model,
+    gemma3_gguf_state_dict,
+    gemma3_hf_state_dict,
+    gguf_state_dict,
+    hf_state_dict,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    """How to build one architecture named by `ModelConfig.architecture`, and fill it from each source."""
+
+    model_class: type[LlamaForCausalLM] | type[Gemma3ForCausalLM]
+    gguf_state: Callable[[GGUFFile, ModelConfig], dict[str, torch.Tensor]]
+    hf_state: Callable[[Path, ModelConfig], dict[str, torch.Tensor]]
+
+
+ARCHITECTURES = {
+    "llama": Architecture(LlamaForCausalLM, gguf_state_dict, hf_state_dict),
+    "gemma3": Architecture(Gemma3ForCausalLM, gemma3_gguf_state_dict, gemma3_hf_state_dict),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class LoadedModel:
     source: ModelSource
     config: ModelConfig
-    model: LlamaForCausalLM
+    model: LlamaForCausalLM | Gemma3ForCausalLM
     tokenizer: TokenizerInfo
     dtype: torch.dtype
 
@@ -32,11 +56,13 @@ def load(source: ModelSource, dtype: torch.dtype) -> LoadedModel:
     if source.kind is SourceKind.GGUF:
         with GGUFFile(source.path) as gguf, ThreadPoolExecutor(max_workers=1) as pool:
             config = config_from_gguf(gguf.metadata, set(gguf.tensors))
+            arch = ARCHITECTURES[config.architecture]
             tokenizer = pool.submit(load_tokenizer, source, gguf.metadata)
-            model = build_model(config, lambda: gguf_state_dict(gguf, config), dtype)
+            model = build_model(config, lambda: arch.gguf_state(gguf, config), dtype, arch.model_class)
             return LoadedModel(source, config, model, tokenizer.result(), dtype)
     config = config_from_hf_dir(source.path)
+    arch = ARCHITECTURES[config.architecture]
     with ThreadPoolExecutor(max_workers=1) as pool:
         tokenizer = pool.submit(load_tokenizer, source)
-        model = build_model(config, lambda: hf_state_dict(source.path, config), dtype)
+        model = build_model(config, lambda: arch.hf_state(source.path, config), dtype, arch.model_class)
         return LoadedModel(source, config, model, tokenizer.result(), dtype)

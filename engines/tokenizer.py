@@ -36,7 +36,11 @@ def load_tokenizer(source: ModelSource, gguf_metadata: dict[str, Any] | None = N
         eos = _generation_config_eos(source)
     if tokenizer.eos_token_id is not None:
         eos.add(int(tokenizer.eos_token_id))
-    bos = tokenizer.bos_token_id if getattr(tokenizer, "add_bos_token", False) else None
+    # Whether BOS is added is read from what the tokenizer does: a tokenizer read back from the
+    # cache keeps its post-processor (Gemma's adds <bos>) but loses the add_bos_token flag.
+    bos = tokenizer.bos_token_id
+    if bos is not None and tokenizer("").input_ids[:1] != [bos]:
+        bos = None
     return TokenizerInfo(tokenizer, frozenset(eos), bos)
 
 

@@ -1,9 +1,12 @@
-"""Load checkpoint weights into `LlamaForCausalLM`, from a GGUF file or a safetensors directory.
+"""Load checkpoint weights into `LlamaForCausalLM` or `Gemma3ForCausalLM`, from a GGUF file or a
+safetensors directory.
 
-Both paths produce the runner's own parameter names (fused `qkv_proj` and `gate_up_proj`).
-GGUF stores q/k rows permuted for llama.cpp's interleaved rotary layout; they are permuted
-back so one rotary implementation serves both sources. The model is built on the meta device
-and the loaded tensors are assigned, so no time is spent on a random initialisation.
+All paths produce the runner's own parameter names (fused `qkv_proj` and `gate_up_proj`).
+A Llama GGUF stores q/k rows permuted for llama.cpp's interleaved rotary layout; they are permuted
+back so one rotary implementation serves both sources. A Gemma 3 GGUF keeps the checkpoint's row
+order but stores every RMSNorm weight plus one; one is subtracted to match the model (and Hugging
+Face checkpoints). The model is built on the meta device and the loaded tensors are assigned, so
+no time is spent on a random initialisation.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from engines.gguf_reader import GGUFFile
 from engines.model_config import ModelConfig
@@ -27,6 +31,22 @@ _GGUF_LAYER_NAMES = {
     "ffn_down": "mlp.down_proj.weight",
 }
 _HF_LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
+_GEMMA3_GGUF_NORMS = {
+    "attn_norm": "input_layernorm.weight",
+    "post_attention_norm": "post_attention_layernorm.weight",
+    "ffn_norm": "pre_feedforward_layernorm.weight",
+    "post_ffw_norm": "post_feedforward_layernorm.weight",
+    "attn_q_norm": "self_attn.q_norm.weight",
+    "attn_k_norm": "self_attn.k_norm.weight",
+}
+_GEMMA3_HF_NORMS = (
+    "input_layernorm",
+    "post_attention_layernorm",
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+    "self_attn.q_norm",
+    "self_attn.k_norm",
+)
 
 
 def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -38,8 +58,7 @@ def unpermute_rotary_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 def gguf_state_dict(gguf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
     """All runner parameters, float32, from a Llama GGUF (dequantized with the `gguf` package)."""
-    with ThreadPoolExecutor(max_workers=2) as pool:  # numpy dequantization releases the GIL
-        arrays = dict(zip(gguf.tensors, pool.map(gguf.tensor, gguf.tensors), strict=True))
+    arrays = _dequantize_all(gguf)
 
     def take(name: str) -> torch.Tensor:
         return torch.from_numpy(arrays.pop(name))
@@ -60,8 +79,36 @@ def gguf_state_dict(gguf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tens
     return state
 
 
-def hf_state_dict(directory: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """All runner parameters from a Hugging Face Llama directory's *.safetensors files."""
+def _dequantize_all(gguf: GGUFFile) -> dict[str, np.ndarray]:
+    with ThreadPoolExecutor(max_workers=2) as pool:  # numpy dequantization releases the GIL
+        return dict(zip(gguf.tensors, pool.map(gguf.tensor, gguf.tensors), strict=True))
+
+
+def gemma3_gguf_state_dict(gguf: GGUFFile, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """All runner parameters, float32, from a Gemma 3 GGUF: no q/k row permutation, norms minus one."""
+    arrays = _dequantize_all(gguf)
+
+    def take(name: str) -> torch.Tensor:
+        return torch.from_numpy(arrays.pop(name))
+
+    state = {"embed_tokens.weight": take("token_embd.weight"), "norm.weight": take("output_norm.weight") - 1}
+    if not config.tie_word_embeddings:
+        state["lm_head.weight"] = take("output.weight")
+    for i in range(config.num_layers):
+        prefix = f"layers.{i}."
+        for gguf_name, name in _GEMMA3_GGUF_NORMS.items():
+            state[prefix + name] = take(f"blk.{i}.{gguf_name}.weight") - 1
+        qkv = [take(f"blk.{i}.attn_{p}.weight") for p in "qkv"]
+        state[prefix + "self_attn.qkv_proj.weight"] = torch.cat(qkv)
+        state[prefix + "self_attn.o_proj.weight"] = take(f"blk.{i}.attn_output.weight")
+        state[prefix + "mlp.gate_up_proj.weight"] = torch.cat(
+            [take(f"blk.{i}.ffn_gate.weight"), take(f"blk.{i}.ffn_up.weight")]
+        )
+        state[prefix + "mlp.down_proj.weight"] = take(f"blk.{i}.ffn_down.weight")
+    return state
+
+
+def _hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     files = sorted(directory.glob("*.safetensors"))
@@ -70,6 +117,12 @@ def hf_state_dict(directory: Path, config: ModelConfig) -> dict[str, torch.Tenso
     raw: dict[str, torch.Tensor] = {}
     for file in files:
         raw.update(load_file(file))
+    return raw
+
+
+def hf_state_dict(directory: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """All runner parameters from a Hugging Face Llama directory's *.safetensors files."""
+    raw = _hf_tensors(directory)
     state = {"embed_tokens.weight": raw.pop("model.embed_tokens.weight"), "norm.weight": raw.pop("model.norm.weight")}
     if "lm_head.weight" in raw and not config.tie_word_embeddings:
         state["lm_head.weight"] = raw.pop("lm_head.weight")
@@ -92,17 +145,40 @@ def hf_state_dict(directory: Path, config: ModelConfig) -> dict[str, torch.Tenso
     return state
 
 
+def gemma3_hf_state_dict(directory: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """All runner parameters from a Hugging Face Gemma 3 text directory (model_type gemma3_text)."""
+    raw = _hf_tensors(directory)
+    state = {"embed_tokens.weight": raw.pop("model.embed_tokens.weight"), "norm.weight": raw.pop("model.norm.weight")}
+    if "lm_head.weight" in raw and not config.tie_word_embeddings:
+        state["lm_head.weight"] = raw.pop("lm_head.weight")
+    for i in range(config.num_layers):
+        source, prefix = f"model.layers.{i}.", f"layers.{i}."
+        for name in _GEMMA3_HF_NORMS:
+            state[f"{prefix}{name}.weight"] = raw.pop(f"{source}{name}.weight")
+        qkv = [raw.pop(f"{source}self_attn.{p}_proj.weight") for p in "qkv"]
+        state[prefix + "self_attn.qkv_proj.weight"] = torch.cat(qkv)
+        state[prefix + "self_attn.o_proj.weight"] = raw.pop(f"{source}self_attn.o_proj.weight")
+        gate_up = [raw.pop(f"{source}mlp.gate_proj.weight"), raw.pop(f"{source}mlp.up_proj.weight")]
+        state[prefix + "mlp.gate_up_proj.weight"] = torch.cat(gate_up)
+        state[prefix + "mlp.down_proj.weight"] = raw.pop(f"{source}mlp.down_proj.weight")
+    return state
+
+
 def build_model(
-    config: ModelConfig, load_state: Callable[[], dict[str, torch.Tensor]], dtype: torch.dtype
-) -> LlamaForCausalLM:
+    config: ModelConfig,
+    load_state: Callable[[], dict[str, torch.Tensor]],
+    dtype: torch.dtype,
+    model_class: type[nn.Module] = LlamaForCausalLM,
+) -> nn.Module:
     """Build the model without initialising it, then assign the checkpoint's tensors in `dtype`."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     state = {name: tensor.to(dtype) for name, tensor in load_state().items()}
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     model.load_state_dict(state, strict=False, assign=True)
-    model.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+    if isinstance(model, LlamaForCausalLM):  # its rotary tables are buffers, left empty on the meta device
+        model.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")

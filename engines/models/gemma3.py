@@ -1,0 +1,135 @@
+"""Gemma 3 (text) in plain PyTorch, shaped for serving like the Llama model beside it.
+
+Same fused projections (`qkv_proj`, `gate_up_proj`), same `forward(input_ids, cache, meta)`
+and the same shared `attend`. What is Gemma's (see docs/gemma3.md for how each was checked):
+embeddings scaled by sqrt(hidden_size) in the model dtype; RMSNorm scaling by (1 + weight), with
+zero-centred weights as in Hugging Face checkpoints; per-head RMSNorm of q and k before rotary;
+norms after attention and after the MLP as well as before; a GeGLU MLP (tanh-approximated GELU);
+queries scaled by query_pre_attn_scalar ** -0.5; sliding-window layers with their own rope base
+between global ones; an optional final logit softcap. Numerics follow transformers' Gemma 3, so
+float32 runs match it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engines.attention import AttentionMetadata, KVCache, attend
+from engines.model_config import ModelConfig
+from engines.models.llama import apply_rotary
+
+RopeTables = tuple[torch.Tensor, torch.Tensor]
+
+
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm over the last dimension, scaled by (1 + weight); computed in float32."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.float()
+        out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).to(x.dtype)
+
+
+def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, factor: float, dtype: torch.dtype) -> RopeTables:
+    """cos and sin [tokens, head_dim] (rotate-half layout) for `positions` [tokens]; computed in
+    float32 once per step and shared by every layer of that kind. `factor` is linear scaling."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents) / factor
+    angles = positions[:, None].float() * inv_freq[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+class Gemma3Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
+        self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+        self.sliding_window = config.sliding_window if config.is_sliding[layer_index] else None
+
+    def forward(self, hidden: torch.Tensor, rope: RopeTables, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        num_tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = apply_rotary(self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim)), *rope)
+        k = apply_rotary(self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim)), *rope)
+        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        out = attend(q, k, v, cache, self.layer_index, meta, self.scale, sliding_window=self.sliding_window)
+        return self.o_proj(out)
+
+
+class Gemma3MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_index: int):
+        super().__init__()
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.is_sliding = config.is_sliding[layer_index]
+        self.input_layernorm = GemmaRMSNorm(size, eps)
+        self.self_attn = Gemma3Attention(config, layer_index)
+        self.post_attention_layernorm = GemmaRMSNorm(size, eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(size, eps)
+        self.mlp = Gemma3MLP(config)
+        self.post_feedforward_layernorm = GemmaRMSNorm(size, eps)
+
+    def forward(self, hidden, rope, cache, meta) -> torch.Tensor:
+        attended = self.self_attn(self.input_layernorm(hidden), rope, cache, meta)
+        hidden = hidden + self.post_attention_layernorm(attended)
+        return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))
+
+
+class Gemma3ForCausalLM(nn.Module):
+    """Gemma 3 decoder with its (tied) language-model head; called exactly like LlamaForCausalLM."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if len(config.is_sliding) != config.num_layers:
+            raise ValueError(f"is_sliding has {len(config.is_sliding)} entries for {config.num_layers} layers")
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids: [num_tokens] int64 -> float32 logits [len(meta.logits_indices), vocab_size]."""
+        config = self.config
+        hidden = self.embed_tokens(input_ids)
+        # The scale is rounded to float32 and then to the model dtype, as transformers does.
+        hidden = hidden * torch.tensor(config.hidden_size**0.5).to(hidden.dtype)
+        local_theta = config.rope_local_theta or config.rope_theta
+        local = rope_tables(meta.positions, config.head_dim, local_theta, 1.0, hidden.dtype)
+        global_ = rope_tables(
+            meta.positions, config.head_dim, config.rope_theta, config.rope_scaling_factor, hidden.dtype
+        )
+        for layer in self.layers:
+            hidden = layer(hidden, local if layer.is_sliding else global_, cache, meta)
+        logits = self.lm_head(self.norm(hidden[meta.logits_indices])).float()
+        if config.final_logit_softcap is not None:
+            logits = torch.tanh(logits / config.final_logit_softcap) * config.final_logit_softcap
+        return logits
