@@ -122,17 +122,18 @@ def attend(
 
 def _decode(q, keys, values, meta: AttentionMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
     """Single-token queries of a batch: q [batch, heads, dim] -> [batch, heads, dim]. The query
-    heads sharing a kv head are stacked as rows, so kv heads are never repeated."""
+    heads sharing a kv head are stacked as rows, so kv heads are never repeated. The math runs in
+    float32: the batch pads every context to the longest, and bfloat16 sums over a padded length
+    round differently enough to flip near-tied tokens between a request alone and in a batch."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = keys.shape[0]
-    context_keys = keys[:, meta.decode_slots]  # [kv_heads, batch, context, dim], contiguous
-    context_values = values[:, meta.decode_slots]
-    grouped = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
-    scores = torch.matmul(grouped, context_keys.transpose(-1, -2)).float() * scale  # [kv_heads, batch, group, ctx]
+    context_keys = keys[:, meta.decode_slots].float()  # [kv_heads, batch, context, dim]
+    context_values = values[:, meta.decode_slots].float()
+    grouped = q.float().reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
+    scores = torch.matmul(grouped, context_keys.transpose(-1, -2)) * scale  # [kv_heads, batch, group, context]
     scores = scores.masked_fill(~meta.decode_mask(sliding_window), float("-inf"))
-    probs = scores.softmax(-1).to(values.dtype)
-    out = torch.matmul(probs, context_values)  # [kv_heads, batch, group, dim]
-    return out.transpose(0, 1).reshape(batch, num_heads, head_dim)
+    out = torch.matmul(scores.softmax(-1), context_values)  # [kv_heads, batch, group, dim]
+    return out.transpose(0, 1).reshape(batch, num_heads, head_dim).to(q.dtype)
 
 
 def _prefill(q, keys, values, chunk: PrefillSlice, scale: float, sliding_window: int | None) -> torch.Tensor:

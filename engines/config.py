@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 # Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
 DTYPES = ("bfloat16", "float16", "float32")
+QUANTIZATIONS = ("none", "int8")  # see engines/quantization.py
 DEFAULT_PORT = 50051
 
 
@@ -42,6 +43,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
     num_threads: int | None = None
+    quantization: str = "int8"
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -82,6 +84,8 @@ class EngineConfig:
             raise ConfigError(f"--max-num-seqs {self.max_num_seqs} must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ConfigError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= 1")
+        if self.quantization not in QUANTIZATIONS:
+            raise ConfigError(f"--quantization {self.quantization} must be one of {', '.join(QUANTIZATIONS)}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
         if self.max_waiting < 0:
@@ -106,6 +110,7 @@ class EngineConfig:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_waiting=args.max_waiting,
             num_threads=args.num_threads,
+            quantization=args.quantization,
         )
 
 
@@ -143,6 +148,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=256,
         help="queued requests before new ones get RESOURCE_EXHAUSTED (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--quantization",
+        default="int8",
+        help="weight storage: int8 (weight-only, the default: faster decoding) or none",
     )
     parser.add_argument(
         "--num-threads",

@@ -24,6 +24,7 @@ from engines.loader import LoadedModel, load
 from engines.metrics import EngineMetrics
 from engines.model_runner import ModelRunner
 from engines.model_source import resolve_model
+from engines.quantization import quantize_int8_weight_only
 from engines.request_builder import ModelLimits
 from engines.servicers import ControlServicer, InferenceServicer
 
@@ -68,6 +69,8 @@ async def serve(config: EngineConfig) -> int:
 
         torch.set_num_threads(config.num_threads)
     loaded = await asyncio.to_thread(load, source, config.torch_dtype)
+    if config.quantization == "int8":
+        quantize_int8_weight_only(loaded.model)
     max_model_len = max_model_len_for(config, loaded)
     num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, loaded)
     runner = ModelRunner(loaded, max_model_len, num_blocks, config.block_size)
@@ -98,6 +101,7 @@ async def serve(config: EngineConfig) -> int:
         max_model_len=max_model_len,
         eos_token_ids=sorted(tokenizer.eos_token_ids),
         dtype=config.dtype,
+        quantization=config.quantization,
     )
     if tokenizer.bos_token_id is not None:
         model_info.bos_token_id = tokenizer.bos_token_id
@@ -118,13 +122,16 @@ async def serve(config: EngineConfig) -> int:
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     logger.info(
-        "engine rank %d/%d serving %s on %s (%s, max_model_len %d) after %.1f s",
+        "engine rank %d/%d serving %s on %s (%s, %s weights, max_model_len %d, %d KV blocks of %d) after %.1f s",
         config.data_parallel_rank,
         config.data_parallel_size,
         source.name,
         address,
         config.dtype,
+        config.quantization,
         max_model_len,
+        num_blocks,
+        config.block_size,
         time.monotonic() - started,
     )
 
