@@ -20,13 +20,16 @@ from engines.engine import LLMEngine
 from engines.loader import load
 from engines.model_runner import ModelRunner
 from engines.model_source import resolve_model
+from engines.quantization import quantize_int8_weight_only
 from engines.request_builder import ModelLimits, build_sequence
 
 PROMPT = "The history of the printing press begins"
 
 
-def dpgate_decode_rate(dtype: torch.dtype, num_tokens: int) -> float:
+def dpgate_decode_rate(dtype: torch.dtype, num_tokens: int, quantization: str = "none") -> float:
     loaded = load(resolve_model("smollm2-135m-instruct"), dtype)
+    if quantization == "int8":
+        quantize_int8_weight_only(loaded.model)
     engine = LLMEngine(ModelRunner(loaded, 1024))
     limits = ModelLimits("m", loaded.config.vocab_size, 1024, loaded.tokenizer.eos_token_ids)
     request = pb.GenerateRequest(
@@ -87,19 +90,20 @@ def main() -> None:
         f"{torch.get_num_threads()} torch threads"
     )
     rates = {}
-    for name, measure, dtype in (
-        ("dpgate bf16", dpgate_decode_rate, torch.bfloat16),
-        ("dpgate fp32", dpgate_decode_rate, torch.float32),
-        ("transformers bf16", transformers_decode_rate, torch.bfloat16),
-        ("transformers fp32", transformers_decode_rate, torch.float32),
+    for name, measure, extra in (
+        ("dpgate bf16+int8 (served)", dpgate_decode_rate, (torch.bfloat16, args.tokens, "int8")),
+        ("dpgate bf16", dpgate_decode_rate, (torch.bfloat16, args.tokens)),
+        ("dpgate fp32", dpgate_decode_rate, (torch.float32, args.tokens)),
+        ("transformers bf16", transformers_decode_rate, (torch.bfloat16, args.tokens)),
+        ("transformers fp32", transformers_decode_rate, (torch.float32, args.tokens)),
     ):
-        rates[name] = best_of(args.repeats, measure, dtype, args.tokens)
-        print(f"  {name:<18} {rates[name]:7.1f} tok/s")
+        rates[name] = best_of(args.repeats, measure, *extra)
+        print(f"  {name:<26} {rates[name]:7.1f} tok/s")
     print("ratios (dpgate / transformers):")
     for ours, theirs in (
+        ("dpgate bf16+int8 (served)", "transformers bf16"),
         ("dpgate bf16", "transformers bf16"),
         ("dpgate fp32", "transformers fp32"),
-        ("dpgate bf16", "transformers fp32"),
     ):
         print(f"  {ours} / {theirs}: {rates[ours] / rates[theirs]:.2f}x")
 

@@ -1,0 +1,216 @@
+"""Serving throughput: the dpgate engine against transformers on the same requests, same run.
+
+64 requests of 256 prompt tokens each generate 128 tokens (eos ignored) with 16 in flight. dpgate
+runs them with continuous batching through its engine core (`LLMEngine`, the loop behind the gRPC
+server); transformers runs them one at a time (`generate`) and with its own static batching (16
+prompts per `generate` call, one batch after another). Each system runs in its own subprocess so
+peak memory (max RSS) is its own. All in bfloat16, greedy; dpgate with
+its default int8 weight-only quantization.
+
+    python bench/throughput.py [--requests 64] [--sequential-requests 8] [--profile]
+
+Sequential transformers is slow (about 20 tokens/s); `--sequential-requests` runs it on the
+first N requests only and says so: its tokens/s is a rate and does not depend on N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 256, 128, 16
+
+
+def make_prompts(count: int, vocab_size: int = 49152) -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(100, vocab_size) for _ in range(PROMPT_TOKENS)] for _ in range(count)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def summarize(name, started, finished, first_token, done, num_tokens) -> dict:
+    """started/first_token/done: per-request perf_counter times."""
+    ttft = [first_token[i] - started[i] for i in range(len(started))]
+    tpot = [(done[i] - first_token[i]) / (num_tokens - 1) for i in range(len(started))]
+    wall = finished - min(started)
+    return {
+        "system": name,
+        "requests": len(started),
+        "output_tokens_per_s": len(started) * num_tokens / wall,
+        "ttft_p50_ms": 1e3 * statistics.median(ttft),
+        "ttft_p99_ms": 1e3 * percentile(ttft, 99),
+        "tpot_p50_ms": 1e3 * statistics.median(tpot),
+        "tpot_p99_ms": 1e3 * percentile(tpot, 99),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def run_dpgate(num_requests: int, profile: bool) -> dict:
+    import torch
+
+    from dpgate.v1 import generate_pb2 as pb
+    from engines.engine import LLMEngine
+    from engines.loader import load
+    from engines.model_runner import ModelRunner
+    from engines.model_source import resolve_model
+    from engines.quantization import quantize_int8_weight_only
+    from engines.request_builder import ModelLimits, build_sequence
+    from engines.scheduler import SchedulerConfig
+
+    loaded = load(resolve_model("smollm2-135m-instruct"), torch.bfloat16)
+    quantize_int8_weight_only(loaded.model)  # as `dpgate engine` serves by default
+    max_len = PROMPT_TOKENS + OUTPUT_TOKENS
+    runner = ModelRunner(loaded, max_len, num_blocks=CONCURRENCY * max_len // 16 + 16, block_size=16)
+    runner.warm_up(CONCURRENCY, 512)
+    engine = LLMEngine(runner, SchedulerConfig(max_num_seqs=CONCURRENCY, max_num_batched_tokens=512))
+    limits = ModelLimits("m", loaded.config.vocab_size, max_len, loaded.tokenizer.eos_token_ids)
+    prompts = make_prompts(num_requests)
+    started, first_token, done = {}, {}, {}
+    next_request = 0
+
+    def submit(i: int) -> None:
+        request = pb.GenerateRequest(
+            request_id=str(i),
+            token_ids=pb.TokenIds(ids=prompts[i]),
+            sampling=pb.SamplingParams(temperature=0.0),
+            stopping=pb.StoppingCriteria(max_tokens=OUTPUT_TOKENS, ignore_eos=True),
+        )
+        engine.add(build_sequence(request, limits, loaded.tokenizer.tokenizer))
+        started[i] = time.perf_counter()
+
+    while len(done) < num_requests:
+        while next_request < num_requests and next_request - len(done) < CONCURRENCY:
+            submit(next_request)
+            next_request += 1
+        if profile and len(first_token) == CONCURRENCY and not hasattr(run_dpgate, "profiled"):
+            run_dpgate.profiled = True
+            profile_decode_step(engine)
+        for output in engine.step():
+            i = int(output.request_id)
+            now = time.perf_counter()
+            first_token.setdefault(i, now)
+            if output.finish_reason is not None:
+                done[i] = now
+    order = range(num_requests)
+    return summarize(
+        "dpgate continuous batching",
+        [started[i] for i in order],
+        max(done.values()),
+        [first_token[i] for i in order],
+        [done[i] for i in order],
+        OUTPUT_TOKENS,
+    )
+
+
+def profile_decode_step(engine) -> None:
+    """Where a decode step of the full batch spends its time (printed to stderr)."""
+    from torch.profiler import profile
+
+    with profile() as prof:
+        engine.step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), file=sys.stderr)
+
+
+class StepClock:
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def run_transformers(num_requests: int, batch_size: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, LogitsProcessorList
+
+    from engines.model_source import resolve_model
+
+    path = resolve_model("smollm2-135m-instruct").path
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.bfloat16).eval()
+    prompts = make_prompts(num_requests)
+    started, first_token, done = [], [], []
+    for begin in range(0, num_requests, batch_size):
+        batch = torch.tensor(prompts[begin : begin + batch_size])
+        clock = StepClock()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(
+                batch,
+                attention_mask=torch.ones_like(batch),
+                max_new_tokens=OUTPUT_TOKENS,
+                min_new_tokens=OUTPUT_TOKENS,
+                do_sample=False,
+                logits_processor=LogitsProcessorList([clock]),
+            )
+        finished = time.perf_counter()
+        for _ in range(batch.shape[0]):
+            started.append(t0)
+            first_token.append(clock.times[0])
+            done.append(finished)
+    name = "transformers sequential" if batch_size == 1 else f"transformers static batch {batch_size}"
+    return summarize(name, started, max(done), first_token, done, OUTPUT_TOKENS)
+
+
+def in_subprocess(*args: str) -> dict:
+    result = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True)
+    sys.stderr.write(
+        "".join(
+            line + "\n"
+            for line in result.stderr.splitlines()
+            if not line.startswith(("Converting", "Loading")) and "Warn" not in line
+        )
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--sequential-requests", type=int, default=8)
+    parser.add_argument("--profile", action="store_true", help="print a profile of one full-batch decode step")
+    parser.add_argument("--system", choices=["dpgate", "transformers-sequential", "transformers-static"])
+    args = parser.parse_args()
+    if args.system == "dpgate":
+        print(json.dumps(run_dpgate(args.requests, args.profile)))
+        return
+    if args.system == "transformers-sequential":
+        print(json.dumps(run_transformers(args.requests, 1)))
+        return
+    if args.system == "transformers-static":
+        print(json.dumps(run_transformers(args.requests, CONCURRENCY)))
+        return
+
+    print(
+        f"SmolLM2-135M-Instruct bf16: {args.requests} requests x {PROMPT_TOKENS} prompt + {OUTPUT_TOKENS} output "
+        f"tokens, {CONCURRENCY} in flight"
+    )
+    results = [
+        in_subprocess("--system", "dpgate", "--requests", str(args.requests), *(["--profile"] if args.profile else [])),
+        in_subprocess("--system", "transformers-static", "--requests", str(args.requests)),
+        in_subprocess("--system", "transformers-sequential", "--requests", str(args.sequential_requests)),
+    ]
+    header = f"{'system':<32}{'reqs':>5}{'out tok/s':>11}{'TTFT p50/p99 ms':>20}{'TPOT p50/p99 ms':>18}{'peak MB':>9}"
+    print(header)
+    for r in results:
+        print(
+            f"{r['system']:<32}{r['requests']:>5}{r['output_tokens_per_s']:>11.1f}"
+            f"{r['ttft_p50_ms']:>11.0f}/{r['ttft_p99_ms']:<8.0f}{r['tpot_p50_ms']:>9.1f}/{r['tpot_p99_ms']:<8.1f}"
+            f"{r['peak_rss_mb']:>9.0f}"
+        )
+    ours = results[0]["output_tokens_per_s"]
+    print(f"dpgate / transformers static batching: {ours / results[1]['output_tokens_per_s']:.2f}x")
+    print(f"dpgate / transformers sequential:      {ours / results[2]['output_tokens_per_s']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
