@@ -5,8 +5,8 @@ A model computes q, k and v for the step's tokens, applies its own position enco
 and which cached tokens each query may see (causality, sliding windows) are decided here and in
 `AttentionMetadata`, which the runner builds once per step and every layer reuses.
 
-Single-token queries (decodes) of all sequences are computed together: their context slots are
-gathered into one padded [batch, max_context] index. Multi-token chunks (prefills) are computed
+Single-token queries (decodes) of all sequences are computed together: their block tables are
+gathered into one padded [batch, max_blocks] index, whole blocks at a time. Multi-token chunks (prefills) are computed
 one sequence at a time with a causal mask offset by what the sequence already has cached.
 """
 
@@ -41,16 +41,14 @@ class KVCache:
 @dataclass(slots=True)
 class PrefillSlice:
     """One multi-token chunk: rows query_start .. query_start+query_len of the step, attending to
-    the sequence's context slots (cached tokens plus the chunk itself)."""
+    the sequence's first context_len tokens (cached ones plus the chunk itself), which live in
+    context_blocks."""
 
     query_start: int
     query_len: int
-    context_slots: torch.Tensor  # [context_len] int64
+    context_len: int
+    context_blocks: torch.Tensor  # [blocks_needed(context_len)] int64
     query_positions: torch.Tensor  # [query_len] int64
-
-    @property
-    def context_len(self) -> int:
-        return self.context_slots.shape[0]
 
 
 @dataclass(slots=True)
@@ -59,15 +57,15 @@ class AttentionMetadata:
 
     positions / slot_mapping: [num_tokens] position and cache slot of each token fed this step.
     logits_indices: [num_sampled] rows whose next-token logits are wanted.
-    decode_rows: [batch] rows that are single-token queries; decode_slots: [batch, max_context]
-    their context slots (padded with slot 0); decode_positions: [batch] their positions.
+    decode_rows: [batch] rows that are single-token queries; decode_blocks: [batch, max_blocks]
+    their block tables (padded with block 0, masked out); decode_positions: [batch] their positions.
     """
 
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     logits_indices: torch.Tensor
     decode_rows: torch.Tensor
-    decode_slots: torch.Tensor
+    decode_blocks: torch.Tensor
     decode_positions: torch.Tensor
     prefills: list[PrefillSlice]
     _decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
@@ -76,11 +74,11 @@ class AttentionMetadata:
     def num_tokens(self) -> int:
         return self.positions.shape[0]
 
-    def decode_mask(self, sliding_window: int | None) -> torch.Tensor:
+    def decode_mask(self, sliding_window: int | None, width: int) -> torch.Tensor:
         """[1, batch, 1, max_context] True where a decode query may see the key; cached per window
         size because every layer of that kind reuses it."""
         if sliding_window not in self._decode_masks:
-            key_positions = torch.arange(self.decode_slots.shape[1])[None, :]
+            key_positions = torch.arange(width)[None, :]
             query_positions = self.decode_positions[:, None]
             visible = key_positions <= query_positions
             if sliding_window is not None:
@@ -110,40 +108,55 @@ def attend(
     keys.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     values.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
     if num_tokens == meta.decode_rows.shape[0]:  # a decode-only step: no scatter needed
-        return _decode(q, keys, values, meta, scale, sliding_window).reshape(num_tokens, num_heads * head_dim)
+        return _decode(q, keys, values, meta, cache.block_size, scale, sliding_window).reshape(
+            num_tokens, num_heads * head_dim
+        )
     out = torch.empty_like(q)
     if meta.decode_rows.numel():
-        out[meta.decode_rows] = _decode(q[meta.decode_rows], keys, values, meta, scale, sliding_window)
+        out[meta.decode_rows] = _decode(
+            q[meta.decode_rows], keys, values, meta, cache.block_size, scale, sliding_window
+        )
     for chunk in meta.prefills:
         rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
-        out[rows] = _prefill(q[rows], keys, values, chunk, scale, sliding_window)
+        out[rows] = _prefill(q[rows], keys, values, chunk, cache.block_size, scale, sliding_window)
     return out.reshape(num_tokens, num_heads * head_dim)
 
 
-def _decode(q, keys, values, meta: AttentionMetadata, scale: float, sliding_window: int | None) -> torch.Tensor:
+def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:
+    """cache [kv_heads, slots, dim], blocks [..., n] -> [kv_heads, ..., n * block_size, dim]: whole
+    blocks are copied, which is far cheaper than indexing token by token."""
+    num_kv_heads, num_slots, head_dim = cache.shape
+    gathered = cache.view(num_kv_heads, num_slots // block_size, block_size, head_dim)[:, blocks]
+    return gathered.reshape(num_kv_heads, *blocks.shape[:-1], blocks.shape[-1] * block_size, head_dim)
+
+
+def _decode(
+    q, keys, values, meta: AttentionMetadata, block_size: int, scale: float, sliding_window: int | None
+) -> torch.Tensor:
     """Single-token queries of a batch: q [batch, heads, dim] -> [batch, heads, dim]. The query
     heads sharing a kv head are stacked as rows, so kv heads are never repeated. The math runs in
     float32: the batch pads every context to the longest, and bfloat16 sums over a padded length
     round differently enough to flip near-tied tokens between a request alone and in a batch."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads = keys.shape[0]
-    context_keys = keys[:, meta.decode_slots].float()  # [kv_heads, batch, context, dim]
-    context_values = values[:, meta.decode_slots].float()
+    context_keys = _gather_blocks(keys, meta.decode_blocks, block_size).float()  # [kv_heads, batch, ctx, dim]
+    context_values = _gather_blocks(values, meta.decode_blocks, block_size).float()
     grouped = q.float().reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim).transpose(0, 1)
     scores = torch.matmul(grouped, context_keys.transpose(-1, -2)) * scale  # [kv_heads, batch, group, context]
-    scores = scores.masked_fill(~meta.decode_mask(sliding_window), float("-inf"))
+    scores = scores.masked_fill(~meta.decode_mask(sliding_window, scores.shape[-1]), float("-inf"))
     out = torch.matmul(scores.softmax(-1), context_values)  # [kv_heads, batch, group, dim]
     return out.transpose(0, 1).reshape(batch, num_heads, head_dim).to(q.dtype)
 
 
-def _prefill(q, keys, values, chunk: PrefillSlice, scale: float, sliding_window: int | None) -> torch.Tensor:
+def _prefill(
+    q, keys, values, chunk: PrefillSlice, block_size: int, scale: float, sliding_window: int | None
+) -> torch.Tensor:
     """One sequence's chunk: q [query_len, heads, dim] -> [query_len, heads, dim]."""
     first = 0
     if sliding_window is not None:
         first = max(0, int(chunk.query_positions[0]) - sliding_window + 1)
-    slots = chunk.context_slots[first:]
-    context_keys = keys[:, slots]  # [kv_heads, context, dim]
-    context_values = values[:, slots]
+    context_keys = _gather_blocks(keys, chunk.context_blocks, block_size)[:, first : chunk.context_len]
+    context_values = _gather_blocks(values, chunk.context_blocks, block_size)[:, first : chunk.context_len]
     key_positions = torch.arange(first, chunk.context_len)
     visible = key_positions[None, :] <= chunk.query_positions[:, None]
     if sliding_window is not None:

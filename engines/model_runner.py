@@ -64,46 +64,38 @@ class ModelRunner:
             raise RuntimeError(f"warm-up produced logits of shape {tuple(logits.shape)} with non-finite values")
 
     def prepare(self, chunks: Sequence[ChunkInput]) -> AttentionMetadata:
+        size = self.block_size
         positions, slots, logits_indices = [], [], []
-        decode_rows, decode_contexts, decode_positions = [], [], []
+        decode_rows, decode_tables, decode_positions = [], [], []
         prefills = []
         row = 0
         for chunk in chunks:
             end = chunk.start + len(chunk.token_ids)
             if end > self.max_model_len:
                 raise ValueError(f"a sequence of {end} tokens exceeds max_model_len {self.max_model_len}")
-            context_slots = self._slots(chunk.block_table, end)
+            table = list(chunk.block_table[: blocks_needed(end, size)])
+            if len(table) < blocks_needed(end, size):
+                raise ValueError(f"block table has {len(table)} blocks; {end} tokens need {blocks_needed(end, size)}")
             positions.extend(range(chunk.start, end))
-            slots.extend(context_slots[chunk.start :])
+            slots.extend(table[p // size] * size + p % size for p in range(chunk.start, end))
             if len(chunk.token_ids) == 1:
                 decode_rows.append(row)
-                decode_contexts.append(context_slots)
+                decode_tables.append(table)
                 decode_positions.append(chunk.start)
             else:
-                prefills.append(
-                    PrefillSlice(row, len(chunk.token_ids), torch.tensor(context_slots), torch.arange(chunk.start, end))
-                )
+                blocks = torch.tensor(table, dtype=torch.long)
+                prefills.append(PrefillSlice(row, len(chunk.token_ids), end, blocks, torch.arange(chunk.start, end)))
             row += len(chunk.token_ids)
             if chunk.samples:
                 logits_indices.append(row - 1)
-        width = max((len(c) for c in decode_contexts), default=0)
-        decode_slots = torch.zeros((len(decode_contexts), width), dtype=torch.long)
-        for i, context in enumerate(decode_contexts):
-            decode_slots[i, : len(context)] = torch.tensor(context)
+        width = max((len(t) for t in decode_tables), default=0)
+        decode_blocks = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long)
         return AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.long),
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             logits_indices=torch.tensor(logits_indices, dtype=torch.long),
             decode_rows=torch.tensor(decode_rows, dtype=torch.long),
-            decode_slots=decode_slots,
+            decode_blocks=decode_blocks.reshape(len(decode_tables), width),
             decode_positions=torch.tensor(decode_positions, dtype=torch.long),
             prefills=prefills,
         )
-
-    def _slots(self, block_table: Sequence[int], num_tokens: int) -> list[int]:
-        """Flat cache slot of each of the sequence's first `num_tokens` tokens."""
-        size = self.block_size
-        needed = blocks_needed(num_tokens, size)
-        if len(block_table) < needed:
-            raise ValueError(f"block table has {len(block_table)} blocks; {num_tokens} tokens need {needed}")
-        return [block * size + offset for block in block_table[:needed] for offset in range(size)][:num_tokens]
