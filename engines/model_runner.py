@@ -49,19 +49,24 @@ class ModelRunner:
         return self.execute([ChunkInput(token_ids, num_cached, table)])[0]
 
     def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
-        """Run one step with the largest shapes the configuration allows before serving: every
-        decode slot at the deepest position the cache holds, plus a prefill chunk filling the rest
-        of the token budget. A buffer too small for the configuration fails here, at start-up, in
-        the code path that owns it, not under the first real load."""
+        """Run the largest shapes the configuration allows before serving, so a buffer too small
+        for it fails here, at start-up, in the code path that owns it, not under the first load.
+
+        Two steps: the widest batch (every decode slot taken, plus a prefill chunk filling the rest
+        of the token budget), then one decode at the deepest position the cache holds (rotary
+        tables, the longest context gather). Keeping depth out of the wide step keeps start-up
+        short: 32 contexts of 8k tokens would take seconds to gather for nothing.
+        """
         table = range(self.num_blocks)
         deepest = min(self.max_model_len, self.num_blocks * self.block_size)
-        num_decodes = max(0, min(max_num_seqs - 1, max_num_batched_tokens - 1, deepest - 1))
-        prefill_len = min(max_num_batched_tokens - num_decodes, deepest)
-        chunks = [ChunkInput([0], deepest - 1, table) for _ in range(num_decodes)]
-        chunks.append(ChunkInput([0] * prefill_len, deepest - prefill_len, table))
-        logits = self.execute(chunks)
-        if logits.shape[0] != len(chunks) or not torch.isfinite(logits).all():
-            raise RuntimeError(f"warm-up produced logits of shape {tuple(logits.shape)} with non-finite values")
+        num_decodes = max(0, min(max_num_seqs - 1, max_num_batched_tokens - 1))
+        prefill_len = min(max(2, max_num_batched_tokens - num_decodes), deepest)
+        wide = [ChunkInput([0], self.block_size - 1, table) for _ in range(num_decodes)]
+        wide.append(ChunkInput([0] * prefill_len, 0, table))
+        for chunks in (wide, [ChunkInput([0], deepest - 1, table)]):
+            logits = self.execute(chunks)
+            if logits.shape[0] != len(chunks) or not torch.isfinite(logits).all():
+                raise RuntimeError(f"warm-up produced logits of shape {tuple(logits.shape)} with non-finite values")
 
     def prepare(self, chunks: Sequence[ChunkInput]) -> AttentionMetadata:
         size = self.block_size

@@ -17,16 +17,16 @@ def tiny(tiny_model_dir):
     return load(resolve_model(str(tiny_model_dir)), torch.float32)
 
 
-def test_warm_up_fills_every_decode_slot_at_the_deepest_position_and_the_token_budget(tiny, monkeypatch):
+def test_warm_up_runs_the_widest_batch_and_the_deepest_position(tiny, monkeypatch):
     runner = ModelRunner(tiny, max_model_len=1024, num_blocks=80, block_size=16)
     seen = []
     execute = runner.execute
     monkeypatch.setattr(runner, "execute", lambda chunks: seen.append(list(chunks)) or execute(chunks))
     runner.warm_up(max_num_seqs=8, max_num_batched_tokens=64)
-    (chunks,) = seen
-    decodes = [c for c in chunks if len(c.token_ids) == 1]
-    assert len(decodes) == 7 and {c.start for c in decodes} == {1023}
-    assert sum(len(c.token_ids) for c in chunks) == 64
+    wide, deep = seen
+    assert sum(len(c.token_ids) == 1 for c in wide) == 7  # every decode slot but the prefill's
+    assert sum(len(c.token_ids) for c in wide) == 64  # the whole token budget
+    assert [(c.start, len(c.token_ids)) for c in deep] == [(1023, 1)]
 
 
 def test_a_rotary_table_shorter_than_the_context_fails_at_warm_up(tiny):
