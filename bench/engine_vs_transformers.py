@@ -14,6 +14,7 @@ import argparse
 import time
 
 import torch
+from step_clock import StepClock
 
 from dpgate.v1 import generate_pb2 as pb
 from engines.engine import LLMEngine
@@ -43,17 +44,6 @@ def dpgate_decode_rate(dtype: torch.dtype, num_tokens: int, quantization: str = 
     while engine.has_work:
         engine.step()
     return (num_tokens - 1) / (time.perf_counter() - started)
-
-
-class StepClock:
-    """A transformers logits processor that only records when each step's logits are ready."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def __call__(self, input_ids, scores):
-        self.times.append(time.perf_counter())
-        return scores
 
 
 def transformers_decode_rate(dtype: torch.dtype, num_tokens: int) -> float:

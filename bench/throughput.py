@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from step_clock import StepClock
+
 PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 256, 128, 16
 
 
@@ -118,15 +120,6 @@ def profile_decode_step(engine) -> None:
     with profile() as prof:
         engine.step()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), file=sys.stderr)
-
-
-class StepClock:
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def __call__(self, input_ids, scores):
-        self.times.append(time.perf_counter())
-        return scores
 
 
 def run_transformers(num_requests: int, batch_size: int) -> dict:

@@ -11,6 +11,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines.cache_dir import dpgate_cache_dir
 from engines.gguf_reader import GGUF_MAGIC
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
@@ -74,10 +75,8 @@ def resolve_model(spec: str, served_name: str | None = None) -> ModelSource:
 
 
 def model_cache_dir() -> Path:
-    """Where GGUF files assembled from parts are kept: $DPGATE_CACHE_DIR or ~/.cache/dpgate, /models."""
-    explicit = os.environ.get("DPGATE_CACHE_DIR")
-    root = Path(explicit) if explicit else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dpgate"
-    return root / "models"
+    """Where GGUF files assembled from parts are kept."""
+    return dpgate_cache_dir() / "models"
 
 
 def _packaged_gguf(name: str) -> Path:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engines.cache_dir import dpgate_cache_dir
 from engines.model_source import ModelSource, SourceKind
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # models come from local files; never reach a hub
@@ -56,10 +57,8 @@ def _generation_config_eos(source: ModelSource) -> set[int]:
 
 
 def tokenizer_cache_dir() -> Path:
-    """Where tokenizers converted from GGUF files are kept: $DPGATE_CACHE_DIR or ~/.cache/dpgate."""
-    explicit = os.environ.get("DPGATE_CACHE_DIR")
-    root = Path(explicit) if explicit else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dpgate"
-    return root / "tokenizers"
+    """Where tokenizers converted from GGUF files are kept."""
+    return dpgate_cache_dir() / "tokenizers"
 
 
 def _gguf_tokenizer(path: Path) -> Any:

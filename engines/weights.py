@@ -120,12 +120,18 @@ def _hf_tensors(directory: Path) -> dict[str, torch.Tensor]:
     return raw
 
 
-def hf_state_dict(directory: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """All runner parameters from a Hugging Face Llama directory's *.safetensors files."""
-    raw = _hf_tensors(directory)
+def _hf_embeddings_and_head(raw: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Take the embeddings, final norm and (untied) lm_head out of a Hugging Face checkpoint."""
     state = {"embed_tokens.weight": raw.pop("model.embed_tokens.weight"), "norm.weight": raw.pop("model.norm.weight")}
     if "lm_head.weight" in raw and not config.tie_word_embeddings:
         state["lm_head.weight"] = raw.pop("lm_head.weight")
+    return state
+
+
+def hf_state_dict(directory: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """All runner parameters from a Hugging Face Llama directory's *.safetensors files."""
+    raw = _hf_tensors(directory)
+    state = _hf_embeddings_and_head(raw, config)
     layers: dict[int, dict[str, torch.Tensor]] = {}
     for name, tensor in raw.items():
         match = _HF_LAYER.fullmatch(name)
@@ -148,9 +154,7 @@ def hf_state_dict(directory: Path, config: ModelConfig) -> dict[str, torch.Tenso
 def gemma3_hf_state_dict(directory: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     """All runner parameters from a Hugging Face Gemma 3 text directory (model_type gemma3_text)."""
     raw = _hf_tensors(directory)
-    state = {"embed_tokens.weight": raw.pop("model.embed_tokens.weight"), "norm.weight": raw.pop("model.norm.weight")}
-    if "lm_head.weight" in raw and not config.tie_word_embeddings:
-        state["lm_head.weight"] = raw.pop("lm_head.weight")
+    state = _hf_embeddings_and_head(raw, config)
     for i in range(config.num_layers):
         source, prefix = f"model.layers.{i}.", f"layers.{i}."
         for name in _GEMMA3_HF_NORMS:

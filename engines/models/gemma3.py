@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engines.attention import AttentionMetadata, KVCache, attend
+from engines.attention import AttentionMetadata, KVCache
 from engines.model_config import ModelConfig
-from engines.models.llama import apply_rotary
+from engines.models.llama import LlamaAttention
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
 
@@ -47,29 +47,19 @@ def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, factor: fl
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
-class Gemma3Attention(nn.Module):
+class Gemma3Attention(LlamaAttention):
+    """Llama attention plus per-head q/k RMSNorm, a scale from query_pre_attn_scalar, and a
+    sliding window on local layers."""
+
     def __init__(self, config: ModelConfig, layer_index: int):
-        super().__init__()
-        self.layer_index = layer_index
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
-        self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        super().__init__(config, layer_index)
         self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps)
         self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
         self.sliding_window = config.sliding_window if config.is_sliding[layer_index] else None
 
-    def forward(self, hidden: torch.Tensor, rope: RopeTables, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim)), *rope)
-        k = apply_rotary(self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim)), *rope)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = attend(q, k, v, cache, self.layer_index, meta, self.scale, sliding_window=self.sliding_window)
-        return self.o_proj(out)
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.q_norm(q), self.k_norm(k)
 
 
 class Gemma3MLP(nn.Module):

@@ -65,6 +65,11 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
         self.scale = self.head_dim**-0.5
+        self.sliding_window: int | None = None  # models with local layers set it per layer
+
+    def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-head q/k normalization before the rotary embedding; Llama has none."""
+        return q, k
 
     def forward(
         self,
@@ -75,10 +80,13 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rope)
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rope)
+        q, k = self.normalize_qk(
+            q.view(num_tokens, self.num_heads, self.head_dim), k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        )
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        return self.o_proj(attend(q, k, v, cache, self.layer_index, meta, self.scale))
+        out = attend(q, k, v, cache, self.layer_index, meta, self.scale, sliding_window=self.sliding_window)
+        return self.o_proj(out)
 
 
 class LlamaMLP(nn.Module):

@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from dpgate.v1 import generate_pb2
+from engines.cache_dir import dpgate_cache_dir
 from engines.engine import LLMEngine
 from engines.loader import load
 from engines.model_runner import ModelRunner
-from engines.model_source import model_cache_dir, resolve_model
+from engines.model_source import resolve_model
 from engines.request_builder import ModelLimits, build_sequence
 
 PROMPTS = [
@@ -82,7 +83,7 @@ def _reference_dir(gguf: Path) -> Path:
 
     stat = gguf.stat()
     key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
-    cached = model_cache_dir().parent / "references" / hashlib.sha256(key.encode()).hexdigest()[:24]
+    cached = dpgate_cache_dir() / "references" / hashlib.sha256(key.encode()).hexdigest()[:24]
     if (cached / "config.json").is_file():
         return cached
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
