@@ -1,8 +1,8 @@
-"""One engine as the gateway sees it: a grpc.aio channel, raw-bytes call objects, routing state.
+"""One engine as the gateway sees it: its data-path link, a grpc.aio control channel, routing state.
 
-Generate and GenerateStream bodies pass through as bytes (no serializers on either side), so the
-gateway never pays for protobuf parsing of bodies it does not read; only the handshake, load and
-health calls are decoded.
+Forwarded calls travel over `link` (the gateway's own HTTP/2 relay, bodies never parsed). The
+grpc.aio channel carries the gateway's own low-rate calls: handshake, health, load, and the
+Abort fan-out, the only forwarded call whose answers the gateway must read and merge.
 """
 
 from __future__ import annotations
@@ -19,17 +19,10 @@ from gateway.handshake import EngineIdentity, Refusal
 from gateway.health_state import CircuitBreaker, HealthState
 from gateway.metadata import RANK_KEY
 from gateway.routing import EngineView
+from gateway.upstream import UpstreamLink
 
 INFERENCE_SERVICE = "dpgate.v1.InferenceService"
 CONTROL_SERVICE = "dpgate.v1.ControlService"
-# Methods forwarded unary-to-unary as raw bytes: (service, method).
-UNARY_METHODS: tuple[tuple[str, str], ...] = (
-    (INFERENCE_SERVICE, "Generate"),
-    (CONTROL_SERVICE, "GetServerInfo"),
-    (CONTROL_SERVICE, "GetModelInfo"),
-    (CONTROL_SERVICE, "GetLoad"),
-    (CONTROL_SERVICE, "Abort"),
-)
 
 
 def engine_channel_options(config: GatewayConfig) -> list[tuple[str, int]]:
@@ -62,6 +55,8 @@ class EngineClient:
 
     def __init__(self, address: str, config: GatewayConfig) -> None:
         self.address = address
+        host, _, port = address.rpartition(":")
+        self.link = UpstreamLink(host, int(port))  # the data path: HTTP/2 relayed by the gateway itself
         self._options = engine_channel_options(config)
         self._connect()
         self.identity: EngineIdentity | None = None
@@ -80,11 +75,7 @@ class EngineClient:
     def _connect(self) -> None:
         channel = aio.insecure_channel(self.address, options=self._options)
         self.channel = channel
-        self.unary = {
-            method: channel.unary_unary(f"/{service}/{method}", _registered_method=True)
-            for service, method in UNARY_METHODS
-        }
-        self.generate_stream = channel.unary_stream(f"/{INFERENCE_SERVICE}/GenerateStream", _registered_method=True)
+        self.abort = channel.unary_unary(f"/{CONTROL_SERVICE}/Abort", _registered_method=True)
         self._get_server_info = channel.unary_unary(
             f"/{CONTROL_SERVICE}/GetServerInfo",
             request_serializer=control_pb2.GetServerInfoRequest.SerializeToString,
@@ -166,6 +157,7 @@ class EngineClient:
         self.num_waiting = load.num_waiting
 
     async def close(self) -> None:
+        self.link.close()
         await self.channel.close(grace=None)
         await asyncio.gather(*self._closing, return_exceptions=True)
 

@@ -11,7 +11,7 @@ from grpc import aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpgate.v1 import generate_pb2_grpc
-from gateway.interceptors.admission import DRAINING_MESSAGE
+from gateway.forwarding import DRAINING_MESSAGE
 from tests.gateway.processes import (
     FAST_HEALTH,
     GatewayProcess,

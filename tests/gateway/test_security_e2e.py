@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.interceptors.auth import UNAUTHENTICATED_MESSAGE
+from gateway.forwarding import UNAUTHENTICATED_MESSAGE
 from tests.gateway.processes import (
     FAST_HEALTH,
     GatewayProcess,

@@ -1,0 +1,148 @@
+"""The gateway's HTTP/2 client side: connections to one upstream (an engine, or the local services).
+
+An `UpstreamLink` owns the connections to one address and opens more when the peer's
+SETTINGS_MAX_CONCURRENT_STREAMS is reached or a connection has been told GOAWAY. Connecting is
+lazy: the first call after start or after a connection was lost waits for the TCP handshake;
+a refused connection fails that call (the health watcher, not the data path, decides when an
+engine is out of rotation).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from gateway.grpc_wire import format_timeout
+from gateway.http2.connection import Headers, Http2Connection, Stream
+from gateway.http2.header_codec import encode_block, encode_field, encode_literal
+
+_MAX_STREAM_ID = 2**31 - 1
+
+
+class UpstreamListener(Protocol):
+    """What an upstream stream reports to: the call relaying it."""
+
+    def upstream_headers(self, headers: Headers, end_stream: bool) -> None: ...
+    def upstream_data(self, data: bytes, end_stream: bool) -> None: ...
+    def upstream_reset(self, error_code: int | None) -> None: ...
+
+
+class UpstreamStream(Stream):
+    """A stream the gateway opened upstream; its events go to the relaying call."""
+
+    __slots__ = ("listener",)
+
+    def __init__(self, connection: Http2Connection, listener: UpstreamListener) -> None:
+        super().__init__(connection)
+        self.listener = listener
+
+    def on_headers(self, headers: Headers, end_stream: bool) -> None:
+        self.listener.upstream_headers(headers, end_stream)
+
+    def on_data(self, data: bytes, end_stream: bool) -> None:
+        self.listener.upstream_data(data, end_stream)
+
+    def on_reset(self, error_code: int | None) -> None:
+        self.listener.upstream_reset(error_code)
+
+    def cancel(self) -> None:
+        """Tell the upstream the call is over (RST_STREAM CANCEL), unless it already ended."""
+        if self.is_open:
+            self.connection.reset_stream(self)
+
+
+class UpstreamConnection(Http2Connection):
+    is_client = True
+
+    def __init__(self, link: UpstreamLink) -> None:
+        super().__init__()
+        self._link = link
+        self._next_stream_id = 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._link.forget(self)
+        super().connection_lost(exc)
+
+    @property
+    def can_open_stream(self) -> bool:
+        return (
+            not self.is_closed
+            and not self.goaway_received
+            and self._next_stream_id < _MAX_STREAM_ID
+            and (self.peer_max_streams is None or len(self.streams) < self.peer_max_streams)
+        )
+
+    def open_stream(
+        self, listener: UpstreamListener, header_block: bytes, body: bytes, end_stream: bool
+    ) -> UpstreamStream:
+        stream = UpstreamStream(self, listener)
+        self.add_stream(stream, self._next_stream_id)
+        self._next_stream_id += 2
+        if body:
+            self.send_headers(stream, header_block)
+            self.send_data(stream, body, end_stream)
+        else:
+            self.send_headers(stream, header_block, end_stream)
+        return stream
+
+
+class UpstreamLink:
+    """Connections to one upstream address, and the request headers calls to it carry."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        authority = f"{host}:{port}".encode()
+        self._fixed_headers = encode_block(
+            ((b":method", b"POST"), (b":scheme", b"http"), (b":authority", authority),
+             (b"content-type", b"application/grpc"), (b"te", b"trailers"))
+        )  # fmt: skip
+        self._connections: list[UpstreamConnection] = []
+        self._connecting: asyncio.Future[UpstreamConnection] | None = None
+        self._is_closed = False
+
+    def request_headers(self, path: bytes, timeout: float | None, extra: bytes = b"") -> bytes:
+        """The header block for a call to `path`; `extra` is already encoded (e.g. grpc-encoding)."""
+        block = encode_field(b":path", path) + self._fixed_headers + extra
+        if timeout is not None:
+            block += encode_literal(b"grpc-timeout", format_timeout(timeout))
+        return block
+
+    def ready_connection(self) -> UpstreamConnection | None:
+        """A connection that can take one more stream now, or None (then `connect`)."""
+        for connection in self._connections:
+            if connection.can_open_stream:
+                return connection
+        return None
+
+    async def connect(self) -> UpstreamConnection:
+        """A usable connection, opening one if needed; concurrent callers share one attempt."""
+        connection = self.ready_connection()
+        if connection is not None:
+            return connection
+        if self._is_closed:
+            raise ConnectionError(f"link to {self.host}:{self.port} is closed")
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._open())
+        connecting = self._connecting
+        try:
+            return await asyncio.shield(connecting)
+        finally:
+            if self._connecting is connecting and connecting.done():
+                self._connecting = None
+
+    async def _open(self) -> UpstreamConnection:
+        loop = asyncio.get_running_loop()
+        host = self.host.strip("[]")
+        _, connection = await loop.create_connection(lambda: UpstreamConnection(self), host, self.port)
+        self._connections.append(connection)
+        return connection
+
+    def forget(self, connection: UpstreamConnection) -> None:
+        if connection in self._connections:
+            self._connections.remove(connection)
+
+    def close(self) -> None:
+        self._is_closed = True
+        for connection in list(self._connections):
+            connection.close()
