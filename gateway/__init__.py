@@ -1,6 +1,6 @@
 """The dpgate front door: an async gRPC gateway that routes each call to one data-parallel engine.
 
 The pure core (metadata parsing, routing, health state, configuration) imports neither grpc nor
-asyncio and is tested in milliseconds; the async parts (engine pool, forwarding servicer,
-interceptors, commands) are built on top of it.
+asyncio and is tested in milliseconds; the async parts (the HTTP/2 front door and relay, the
+engine pool, commands) are built on top of it.
 """

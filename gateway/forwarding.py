@@ -32,7 +32,6 @@ from gateway.errors import EngineFailed, GatewayError, InvalidArgument, Unavaila
 from gateway.front_door import ServerCall, rank_trailer
 from gateway.grpc_wire import (
     CODE_BY_VALUE,
-    RESPONSE_HEADERS,
     MessageScanner,
     decode_message,
     frame_message,
@@ -436,6 +435,11 @@ class ForwardedCall:
         self._timer = None
         self.cancel(grpc.StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
 
+    def on_response_sent(self, num_bytes: int) -> None:
+        """Relayed bytes reached the client's connection: the engine may send that many more."""
+        if self._upstream is not None:
+            self._upstream.release(num_bytes)
+
     def on_cancelled(self) -> None:
         """The client reset the stream or went away: stop the engine's work too."""
         if self._is_done:
@@ -565,6 +569,10 @@ class PassThroughCall:
         elif not self._is_done:
             upstream.connection.send_data(upstream, data, end_stream)
 
+    def on_response_sent(self, num_bytes: int) -> None:
+        if self._upstream is not None:
+            self._upstream.release(num_bytes)
+
     def on_cancelled(self) -> None:
         self._is_done = True
         if self._upstream is not None:
@@ -588,6 +596,3 @@ class PassThroughCall:
         if not self._is_done:
             self._is_done = True
             self._call.refuse(*reset_status(error_code))
-
-
-__all__ = ["DRAINING_MESSAGE", "RESPONSE_HEADERS", "UNAUTHENTICATED_MESSAGE", "Forwarder"]

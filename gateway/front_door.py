@@ -33,6 +33,7 @@ class CallHandler(Protocol):
     """What serves one call once it is admitted."""
 
     def on_request_data(self, data: bytes, end_stream: bool) -> None: ...
+    def on_response_sent(self, num_bytes: int) -> None: ...
     def on_cancelled(self) -> None: ...
 
 
@@ -66,6 +67,10 @@ class ServerCall(Stream):
             self.is_finished = True
             if self.handler is not None:
                 self.handler.on_cancelled()
+
+    def on_sent(self, num_bytes: int) -> None:
+        if self.handler is not None:
+            self.handler.on_response_sent(num_bytes)
 
     def start_response(self, extra: bytes = b"") -> None:
         if not self.is_response_started:
@@ -157,13 +162,6 @@ class ClientConnection(Http2Connection):
             self._keepalive = self._loop.call_later(config.keepalive_timeout_s, self._keepalive_tick)
         else:
             self._keepalive = self._loop.call_later(config.keepalive_time_s - quiet_for, self._keepalive_tick)
-
-    # --- shutdown -----------------------------------------------------------------------------
-
-    def refuse_new_streams(self) -> None:
-        """GOAWAY: calls already open run on; the client opens new ones elsewhere."""
-        self._is_refusing_streams = True
-        self.send_goaway(f.NO_ERROR, b"shutting down")
 
 
 def tls_context(config: GatewayConfig) -> ssl.SSLContext | None:

@@ -61,11 +61,6 @@ def status_trailers(code: grpc.StatusCode, message: str = "", extra: bytes = b""
     return block + extra
 
 
-def trailers_only(code: grpc.StatusCode, message: str, extra: bytes = b"") -> bytes:
-    """A whole response in one header block: the way gRPC ends a call that never started."""
-    return RESPONSE_HEADERS + status_trailers(code, message, extra)
-
-
 def frame_message(payload: bytes) -> bytes:
     return _MESSAGE_PREFIX.pack(0, len(payload)) + payload
 

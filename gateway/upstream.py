@@ -28,7 +28,12 @@ class UpstreamListener(Protocol):
 
 
 class UpstreamStream(Stream):
-    """A stream the gateway opened upstream; its events go to the relaying call."""
+    """A stream the gateway opened upstream; its events go to the relaying call.
+
+    Its receive window is returned by the relaying call (`release`) as the bytes reach the client.
+    """
+
+    auto_credit = False
 
     __slots__ = ("listener",)
 
@@ -44,6 +49,10 @@ class UpstreamStream(Stream):
 
     def on_reset(self, error_code: int | None) -> None:
         self.listener.upstream_reset(error_code)
+
+    def release(self, num_bytes: int) -> None:
+        if not self.connection.is_closed:
+            self.connection.release(self, num_bytes)
 
     def cancel(self) -> None:
         """Tell the upstream the call is over (RST_STREAM CANCEL), unless it already ended."""

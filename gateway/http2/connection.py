@@ -9,7 +9,9 @@ creates (`Stream` subclasses); the connection calls their `on_headers`, `on_data
 Output is gathered and written once per loop iteration, so a response's HEADERS, DATA and
 trailers usually leave in one system call. Flow control follows RFC 9113 section 5.2: data
 waits in the stream's queue while the peer's window is closed. The gateway opens large receive
-windows (16 MiB a stream) and returns credit as soon as data is read.
+windows (4 MiB a stream). Streams whose data the gateway relays onward (`auto_credit = False`)
+return credit only when the relayed bytes have left through the other connection, so a slow
+reader slows its writer instead of filling the gateway's memory.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ logger = logging.getLogger("dpgate.gateway.http2")
 
 Headers = list[tuple[bytes, bytes]]
 
-LOCAL_STREAM_WINDOW = 1 << 24
+LOCAL_STREAM_WINDOW = 1 << 22
 LOCAL_CONNECTION_WINDOW = 1 << 30
 MAX_HEADER_BLOCK = 1 << 16
 
@@ -36,6 +38,8 @@ class Stream:
     `on_reset(None)` means the connection was lost; an int is the peer's RST_STREAM error code
     (or REFUSED_STREAM for a stream a GOAWAY said the peer never processed).
     """
+
+    auto_credit = True  # return flow-control credit on receipt; False: the owner calls `release`
 
     __slots__ = (
         "_recv_unacked",
@@ -68,6 +72,9 @@ class Stream:
 
     def on_reset(self, error_code: int | None) -> None:
         raise NotImplementedError
+
+    def on_sent(self, num_bytes: int) -> None:
+        """`num_bytes` of this stream's DATA left for the peer (they may have waited for window)."""
 
 
 class ProtocolViolation(Exception):
@@ -211,11 +218,10 @@ class Http2Connection(asyncio.Protocol):
         end_stream = bool(flags & f.END_STREAM)
         if end_stream:
             stream.is_remote_closed = True
-        else:
-            stream._recv_unacked += length
-            if stream._recv_unacked >= LOCAL_STREAM_WINDOW // 2:
-                self.write(f.pack_window_update(stream_id, stream._recv_unacked))
-                stream._recv_unacked = 0
+        elif stream.auto_credit:
+            self.release(stream, length)
+        elif length > len(payload):
+            self.release(stream, length - len(payload))  # padding: the owner only sees the payload
         stream.on_data(payload, end_stream)
         if end_stream and stream.is_local_closed:
             self.streams.pop(stream_id, None)
@@ -288,6 +294,15 @@ class Http2Connection(asyncio.Protocol):
             stream.send_window += increment
             if stream.pending:
                 self._drain(stream)
+
+    def release(self, stream: Stream, num_bytes: int) -> None:
+        """Give the peer back `num_bytes` of the stream's window (batched into half-window updates)."""
+        if stream.is_remote_closed:
+            return
+        stream._recv_unacked += num_bytes
+        if stream._recv_unacked >= LOCAL_STREAM_WINDOW // 2:
+            self.write(f.pack_window_update(stream.stream_id, stream._recv_unacked))
+            stream._recv_unacked = 0
 
     def _unblock(self) -> None:
         for stream in list(self._blocked):
@@ -370,6 +385,7 @@ class Http2Connection(asyncio.Protocol):
             self.write(f.pack_frame(f.DATA, f.END_STREAM if end_stream else 0, stream.stream_id, data))
             if end_stream:
                 self._close_local(stream)
+            stream.on_sent(length)
             return
         if stream.pending is None:
             stream.pending = deque()
@@ -400,6 +416,7 @@ class Http2Connection(asyncio.Protocol):
             self.write(f.pack_frame(f.DATA, f.END_STREAM if end_stream else 0, stream.stream_id, data))
             if end_stream:
                 self._close_local(stream)
+            stream.on_sent(len(data))
         stream.pending = None
         self._blocked.discard(stream)
 
