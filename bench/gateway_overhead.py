@@ -1,8 +1,9 @@
 """Gateway overhead: the same calls made directly to an engine and through the gateway.
 
 Starts a synthetic engine (bench/synthetic_engine.py, no model), the gateway in front of it, and
-for reference a bare grpc.aio pass-through proxy (the floor: raw bytes relayed, no metadata
-parsing, routing, health or metrics), each in its own process. Then it measures from this
+as a peer a bare grpc.aio pass-through proxy (raw bytes relayed with no metadata parsing, routing,
+health or metrics: what a grpc.aio gateway costs before it does any work; the gateway was first
+built on grpc.aio), each in its own process. Then it measures from this
 process, for each target:
 - concurrency 1: p50/p99 latency of unary Generate and of whole GenerateStream calls;
 - concurrency C (default 64): unary calls/s and streamed messages/s, plus the CPU time the
@@ -156,7 +157,7 @@ def report(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
 
 
 def serve_bare_proxy(engine: str) -> None:
-    """The floor: relay raw bytes to one engine with nothing else (no routing, metadata, metrics)."""
+    """The peer: a grpc.aio relay of raw bytes to one engine with nothing else (no routing, metadata, metrics)."""
 
     async def main() -> None:
         channel = aio.insecure_channel(engine)
@@ -218,7 +219,7 @@ def main() -> int:
 
         targets = {
             "direct": uvloop.run(measure(engine_address, None, args)),
-            "bare grpc.aio proxy (floor)": uvloop.run(measure(bare_address, bare.pid, args)),
+            "bare grpc.aio proxy (peer)": uvloop.run(measure(bare_address, bare.pid, args)),
             "dpgate gateway": uvloop.run(measure(gateway_address, gateway.pid, args)),
         }
         report(targets, args)
