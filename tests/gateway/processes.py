@@ -6,6 +6,7 @@ handle (never by name). Gateways run with `--port 0` and report the port they bo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -202,6 +204,35 @@ class GatewayProcess:
                 self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
+
+
+@contextlib.contextmanager
+def running_synthetic_engine(log_dir: Path, *flags: str) -> Iterator[SyntheticEngineProcess]:
+    """A serving synthetic engine (rank 0 of 1), stopped on exit."""
+    engine = SyntheticEngineProcess(0, 1, log_dir, *flags)
+    engine.start()
+    try:
+        engine.wait_serving()
+        yield engine
+    finally:
+        engine.stop()
+
+
+@contextlib.contextmanager
+def gateway_starter(engine: EngineProcess, log_dir: Path) -> Iterator[Callable[..., GatewayProcess]]:
+    """`start(*flags, name=...)` starts a gateway (fast health) in front of `engine`; all stop on exit."""
+    started: list[GatewayProcess] = []
+
+    def start(*flags: str, name: str) -> GatewayProcess:
+        gateway = GatewayProcess([engine.address], *FAST_HEALTH, *flags, log_dir=log_dir, name=name)
+        started.append(gateway)
+        return gateway
+
+    try:
+        yield start
+    finally:
+        for gateway in started:
+            gateway.stop()
 
 
 def generate_request(max_tokens: int = 4, text: str = "hello") -> generate_pb2.GenerateRequest:

@@ -7,23 +7,15 @@ import pytest
 
 from bench.synthetic_engine import ECHO_DEADLINE_PROMPT
 from dpgate.v1 import generate_pb2
-from tests.gateway.processes import FAST_HEALTH, GatewayProcess, SyntheticEngineProcess, inference_stub
+from tests.gateway.processes import gateway_starter, inference_stub, running_synthetic_engine
 
 
 @pytest.fixture(scope="module")
 def synthetic_gateway(log_dir):
-    engine = SyntheticEngineProcess(0, 1, log_dir)
-    engine.start()
-    gateway = None
-    try:
-        engine.wait_serving()
-        gateway = GatewayProcess([engine.address], *FAST_HEALTH, log_dir=log_dir, name="gateway-deadline")
+    with running_synthetic_engine(log_dir) as engine, gateway_starter(engine, log_dir) as start:
+        gateway = start(name="gateway-deadline")
         gateway.wait_ranks([0])
         yield gateway
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        engine.stop()
 
 
 def test_deadline_is_passed_downstream(synthetic_gateway):

@@ -13,12 +13,11 @@ import pytest
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from tests.gateway.processes import (
-    FAST_HEALTH,
     RANK_KEY,
-    GatewayProcess,
-    SyntheticEngineProcess,
+    gateway_starter,
     generate_request,
     inference_stub,
+    running_synthetic_engine,
     stream_request,
 )
 
@@ -27,20 +26,10 @@ BIG = 16 << 20
 
 @pytest.fixture(scope="module")
 def relay(log_dir):
-    engine = SyntheticEngineProcess(0, 1, log_dir)
-    engine.start()
-    gateway = None
-    try:
-        engine.wait_serving()
-        gateway = GatewayProcess(
-            [engine.address], *FAST_HEALTH, "--max-message-bytes", str(BIG), log_dir=log_dir, name="gateway-relay"
-        )
+    with running_synthetic_engine(log_dir) as engine, gateway_starter(engine, log_dir) as start:
+        gateway = start("--max-message-bytes", str(BIG), name="gateway-relay")
         gateway.wait_ranks([0])
         yield engine, gateway
-    finally:
-        if gateway is not None:
-            gateway.stop()
-        engine.stop()
 
 
 def big_channel(address: str, **kwargs) -> grpc.Channel:

@@ -14,38 +14,30 @@ import pytest
 
 from gateway.http2 import frames as f
 from tests.gateway.processes import (
-    FAST_HEALTH,
     GatewayProcess,
-    SyntheticEngineProcess,
+    gateway_starter,
     generate_request,
     inference_stub,
+    running_synthetic_engine,
 )
 
 
 @pytest.fixture(scope="module")
 def engine(log_dir):
-    process = SyntheticEngineProcess(0, 1, log_dir)
-    process.start()
-    try:
-        process.wait_serving()
+    with running_synthetic_engine(log_dir) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture
 def start_gateway(engine, log_dir):
-    started: list[GatewayProcess] = []
+    with gateway_starter(engine, log_dir) as start:
 
-    def start(*flags: str) -> GatewayProcess:
-        gateway = GatewayProcess([engine.address], *FAST_HEALTH, *flags, log_dir=log_dir, name="gateway-wire")
-        started.append(gateway)
-        gateway.wait_ranks([0])
-        return gateway
+        def start_serving(*flags: str) -> GatewayProcess:
+            gateway = start(*flags, name="gateway-wire")
+            gateway.wait_ranks([0])
+            return gateway
 
-    yield start
-    for gateway in started:
-        gateway.stop()
+        yield start_serving
 
 
 class RawClient:

@@ -14,11 +14,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.forwarding import UNAUTHENTICATED_MESSAGE
 from tests.gateway.processes import (
-    FAST_HEALTH,
-    GatewayProcess,
-    SyntheticEngineProcess,
+    gateway_starter,
     generate_request,
     inference_stub,
+    running_synthetic_engine,
     stream_request,
 )
 from tests.gateway.tls_files import make_ca, make_signed
@@ -28,27 +27,14 @@ TOKEN_DELAY_S = 0.1
 
 @pytest.fixture(scope="module")
 def engine(log_dir):
-    process = SyntheticEngineProcess(0, 1, log_dir, "--token-delay", str(TOKEN_DELAY_S))
-    process.start()
-    try:
-        process.wait_serving()
+    with running_synthetic_engine(log_dir, "--token-delay", str(TOKEN_DELAY_S)) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture
 def start_gateway(engine, log_dir):
-    started: list[GatewayProcess] = []
-
-    def start(*flags: str, name: str) -> GatewayProcess:
-        gateway = GatewayProcess([engine.address], *FAST_HEALTH, *flags, log_dir=log_dir, name=name)
-        started.append(gateway)
-        return gateway
-
-    yield start
-    for gateway in started:
-        gateway.stop()
+    with gateway_starter(engine, log_dir) as start:
+        yield start
 
 
 def inference_calls(engine) -> float:
