@@ -5,15 +5,16 @@ with it and sets `call.handler`, which then receives the request's data and a ca
 when the client resets the stream or disconnects.
 
 Keepalive follows gRPC's server rules: the gateway pings a connection that has been quiet for
-`keepalive_time_s` and closes it when no ack comes within `keepalive_timeout_s`; a client may
-ping as often as it likes while calls are open, and no more than once per
-`min_client_ping_interval_s` while idle (the third violation ends the connection with GOAWAY
-ENHANCE_YOUR_CALM "too_many_pings", as gRPC does).
+`keepalive_time_s` and closes it when no ack comes within `keepalive_timeout_s`. A client may
+ping after anything the gateway sent it; pings with nothing sent in between must be
+`min_client_ping_interval_s` apart, and the third that is not ends the connection with GOAWAY
+ENHANCE_YOUR_CALM "too_many_pings", as gRPC's servers do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import ssl
 from typing import Protocol
@@ -26,6 +27,7 @@ from gateway.http2 import frames as f
 from gateway.http2.connection import Headers, Http2Connection, Stream
 from gateway.http2.header_codec import encode_literal
 
+logger = logging.getLogger("dpgate.gateway.front_door")
 _MAX_PING_STRIKES = 2
 
 
@@ -108,7 +110,6 @@ class ClientConnection(Http2Connection):
         self._opener = opener
         self._config = config
         self._connections = connections
-        self._is_refusing_streams = False
         self._last_ping_time = -1e9
         self._ping_strikes = 0
         self._keepalive: asyncio.TimerHandle | None = None
@@ -126,9 +127,6 @@ class ClientConnection(Http2Connection):
         super().connection_lost(exc)
 
     def on_new_stream(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
-        if self._is_refusing_streams:
-            self.write(f.pack_rst_stream(stream_id, f.REFUSED_STREAM))
-            return
         call = ServerCall(self, headers)
         self.add_stream(call, stream_id)
         if end_stream:
@@ -138,10 +136,18 @@ class ClientConnection(Http2Connection):
     # --- keepalive ----------------------------------------------------------------------------
 
     def on_ping(self) -> None:
+        # gRPC's rule: a ping that follows HEADERS or DATA the server sent is never abuse (clients
+        # ping after reading a response to probe bandwidth); only pings with nothing sent in
+        # between must be `min_client_ping_interval_s` apart.
         now = self._loop.time()
-        if not self.streams and now - self._last_ping_time < self._config.min_client_ping_interval_s:
+        if self.has_sent_data:
+            self.has_sent_data = False
+            self._ping_strikes = 0
+            self._last_ping_time = -1e9
+        if now - self._last_ping_time < self._config.min_client_ping_interval_s:
             self._ping_strikes += 1
             if self._ping_strikes > _MAX_PING_STRIKES:
+                logger.warning("closing a client connection that pings too often: too_many_pings")
                 self.close(f.ENHANCE_YOUR_CALM, b"too_many_pings")
         self._last_ping_time = now
 

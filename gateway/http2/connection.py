@@ -109,6 +109,7 @@ class Http2Connection(asyncio.Protocol):
         self.last_peer_stream_id = 0
         self.is_closed = False
         self.goaway_received = False
+        self.has_sent_data = False  # HEADERS or DATA written since the owner last cleared it
         self.last_frame_time = self._loop.time()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
@@ -357,6 +358,7 @@ class Http2Connection(asyncio.Protocol):
         self._write_headers(stream, block, end_stream)
 
     def _write_headers(self, stream: Stream, block: bytes, end_stream: bool) -> None:
+        self.has_sent_data = True
         flags = f.END_STREAM if end_stream else 0
         max_frame = self.peer_max_frame
         if len(block) <= max_frame:
@@ -382,6 +384,7 @@ class Http2Connection(asyncio.Protocol):
         ):
             self.send_window -= length
             stream.send_window -= length
+            self.has_sent_data = True
             self.write(f.pack_frame(f.DATA, f.END_STREAM if end_stream else 0, stream.stream_id, data))
             if end_stream:
                 self._close_local(stream)
@@ -413,6 +416,7 @@ class Http2Connection(asyncio.Protocol):
                 pending.popleft()
             self.send_window -= len(data)
             stream.send_window -= len(data)
+            self.has_sent_data = True
             self.write(f.pack_frame(f.DATA, f.END_STREAM if end_stream else 0, stream.stream_id, data))
             if end_stream:
                 self._close_local(stream)

@@ -6,6 +6,7 @@ garbage) and read the exact frames the gateway answers with.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -117,6 +118,25 @@ def test_ping_floods_on_an_idle_connection_end_with_too_many_pings(start_gateway
     finally:
         client.close()
     still_serves(gateway)
+
+
+def test_sequential_calls_with_grpc_bdp_pings_are_not_taken_for_a_ping_flood(start_gateway):
+    """gRPC clients ping after each response they read (bandwidth probing), often between calls.
+
+    gRPC servers forgive pings that follow data they sent; a gateway that counted those pings as
+    strikes ended busy connections with GOAWAY too_many_pings and made their clients reconnect.
+    """
+    gateway = start_gateway()
+    log_before = len(gateway.log_path.read_text())  # the module's gateways share one log file
+
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(gateway.address) as channel:
+            generate = inference_stub(channel).Generate
+            for _ in range(1500):
+                await generate(generate_request(1), timeout=10)
+
+    asyncio.run(run())
+    assert "too_many_pings" not in gateway.log_path.read_text()[log_before:]
 
 
 @pytest.mark.parametrize(
