@@ -30,6 +30,7 @@ Headers = list[tuple[bytes, bytes]]
 LOCAL_STREAM_WINDOW = 1 << 22
 LOCAL_CONNECTION_WINDOW = 1 << 30
 MAX_HEADER_BLOCK = 1 << 16
+DYNAMIC_TABLE_SIZE_ZERO = b"\x20"  # HPACK "dynamic table size update" to 0 (RFC 7541 section 6.3)
 
 
 class Stream:
@@ -110,6 +111,7 @@ class Http2Connection(asyncio.Protocol):
         self.is_closed = False
         self.goaway_received = False
         self.has_sent_data = False  # HEADERS or DATA written since the owner last cleared it
+        self._is_table_size_set = False
         self.last_frame_time = self._loop.time()
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
@@ -359,6 +361,11 @@ class Http2Connection(asyncio.Protocol):
 
     def _write_headers(self, stream: Stream, block: bytes, end_stream: bool) -> None:
         self.has_sent_data = True
+        if not self._is_table_size_set:
+            # Our blocks never use the dynamic table; saying its size is 0 once makes that
+            # official, so no later SETTINGS_HEADER_TABLE_SIZE from the peer needs an answer.
+            self._is_table_size_set = True
+            block = DYNAMIC_TABLE_SIZE_ZERO + block
         flags = f.END_STREAM if end_stream else 0
         max_frame = self.peer_max_frame
         if len(block) <= max_frame:

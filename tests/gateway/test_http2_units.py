@@ -215,6 +215,7 @@ def test_header_blocks_larger_than_a_frame_use_continuation():
         await settle()
         (peer,) = server.opened
         assert peer.events == [("headers", fields, True)]
+        assert server._decoder.header_table_size == 0  # the first block said the table is empty
 
     asyncio.run(run())
 
