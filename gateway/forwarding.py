@@ -470,6 +470,7 @@ class ForwardedCall:
 
     def _done(self, code: grpc.StatusCode) -> None:
         self._is_done = True
+        self._call.handler = None  # break the call <-> handler cycle: freed at once, not by the GC
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
