@@ -97,14 +97,15 @@ def pki(tmp_path_factory):
     }
 
 
-def secure_call(port: int, ca, client=None) -> str:
+def secure_call(port: int, ca, client=None, text: str = "hello") -> str:
     credentials = grpc.ssl_channel_credentials(
         root_certificates=ca.cert.read_bytes(),
         private_key=client.key.read_bytes() if client else None,
         certificate_chain=client.cert.read_bytes() if client else None,
     )
     with grpc.secure_channel(f"localhost:{port}", credentials) as channel:
-        return inference_stub(channel).Generate(generate_request(1), timeout=10, wait_for_ready=False).text
+        request = generate_request(1, text=text)
+        return inference_stub(channel).Generate(request, timeout=10, wait_for_ready=False).text
 
 
 def wait_secure(port: int, ca, client=None) -> None:
@@ -123,6 +124,8 @@ def test_tls(start_gateway, pki):
     gateway = start_gateway("--tls-cert", str(server.cert), "--tls-key", str(server.key), name="gateway-tls")
     wait_secure(gateway.port, pki["ca"])
     assert secure_call(gateway.port, pki["ca"])
+    # A 3 MB request crosses many TLS records, HTTP/2 frames and flow-control windows.
+    assert secure_call(gateway.port, pki["ca"], text="t" * 3_000_000)
     with pytest.raises(grpc.RpcError) as info, grpc.insecure_channel(gateway.address) as plain:
         inference_stub(plain).Generate(generate_request(1), timeout=3)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
