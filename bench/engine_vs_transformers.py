@@ -14,7 +14,7 @@ import argparse
 import time
 
 import torch
-from step_clock import StepClock
+from step_clock import timed_greedy_generate
 
 from dpgate.v1 import generate_pb2 as pb
 from engines.engine import LLMEngine
@@ -47,22 +47,13 @@ def dpgate_decode_rate(dtype: torch.dtype, num_tokens: int, quantization: str = 
 
 
 def transformers_decode_rate(dtype: torch.dtype, num_tokens: int) -> float:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model("smollm2-135m-instruct").path
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
     tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     ids = tokenizer(PROMPT, return_tensors="pt").input_ids
-    clock = StepClock()
-    with torch.inference_mode():
-        model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=num_tokens,
-            min_new_tokens=num_tokens,
-            do_sample=False,
-            logits_processor=LogitsProcessorList([clock]),
-        )
+    clock = timed_greedy_generate(model, ids, num_tokens)
     return (len(clock.times) - 1) / (clock.times[-1] - clock.times[0])
 
 

@@ -1,5 +1,5 @@
-"""A transformers logits processor that only records when each generation step's logits are
-ready: the benches time transformers' `generate` per token with it, without changing its output."""
+"""Timing transformers' `generate` per token: a logits processor that only records when each
+step's logits are ready, and the greedy, fixed-length generate call both benches make with it."""
 
 from __future__ import annotations
 
@@ -13,3 +13,21 @@ class StepClock:
     def __call__(self, input_ids, scores):
         self.times.append(time.perf_counter())
         return scores
+
+
+def timed_greedy_generate(model, input_ids, num_tokens: int) -> StepClock:
+    """Generate exactly `num_tokens` greedy tokens after each row of `input_ids`; return the clock."""
+    import torch
+    from transformers import LogitsProcessorList
+
+    clock = StepClock()
+    with torch.inference_mode():
+        model.generate(
+            input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=num_tokens,
+            min_new_tokens=num_tokens,
+            do_sample=False,
+            logits_processor=LogitsProcessorList([clock]),
+        )
+    return clock

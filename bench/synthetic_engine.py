@@ -116,6 +116,18 @@ class SyntheticEngine:
             self.num_running -= 1
             self._slots.release()
 
+    @contextlib.contextmanager
+    def _counted(self, rpc: str):
+        """Count the call under `rpc` with OK, or CANCELLED when the client went away."""
+        code = grpc.StatusCode.OK
+        try:
+            yield
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            self._count(rpc, code)
+
     def _num_tokens(self, stopping: generate_pb2.StoppingCriteria) -> int:
         return stopping.max_tokens if stopping.HasField("max_tokens") else self.config.num_tokens
 
@@ -123,8 +135,7 @@ class SyntheticEngine:
 
     async def generate(self, raw: bytes, context: aio.ServicerContext) -> bytes:
         request = generate_pb2.GenerateRequest.FromString(raw)
-        code = grpc.StatusCode.OK
-        try:
+        with self._counted("Generate"):
             async with self._slot():
                 num_tokens = self._num_tokens(request.stopping)
                 if request.text == ECHO_DEADLINE_PROMPT:
@@ -141,16 +152,10 @@ class SyntheticEngine:
                         reason=generate_pb2.FINISH_REASON_LENGTH, num_generated_tokens=num_tokens
                     ),
                 ).SerializeToString()
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        finally:
-            self._count("Generate", code)
 
     async def generate_stream(self, raw: bytes, context: aio.ServicerContext) -> None:
         request = generate_pb2.GenerateStreamRequest.FromString(raw)
-        code = grpc.StatusCode.OK
-        try:
+        with self._counted("GenerateStream"):
             async with self._slot():
                 num_tokens = self._num_tokens(request.stopping)
                 prompt = generate_pb2.GenerateStreamResponse(
@@ -171,11 +176,6 @@ class SyntheticEngine:
                     )
                 )
                 await context.write(finish.SerializeToString())
-        except asyncio.CancelledError:
-            code = grpc.StatusCode.CANCELLED
-            raise
-        finally:
-            self._count("GenerateStream", code)
 
     # --- ControlService -----------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from step_clock import StepClock
+from step_clock import timed_greedy_generate
 
 PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 256, 128, 16
 
@@ -124,7 +124,7 @@ def profile_decode_step(engine) -> None:
 
 def run_transformers(num_requests: int, batch_size: int) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, LogitsProcessorList
+    from transformers import AutoModelForCausalLM
 
     from engines.model_source import resolve_model
 
@@ -134,17 +134,8 @@ def run_transformers(num_requests: int, batch_size: int) -> dict:
     started, first_token, done = [], [], []
     for begin in range(0, num_requests, batch_size):
         batch = torch.tensor(prompts[begin : begin + batch_size])
-        clock = StepClock()
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(
-                batch,
-                attention_mask=torch.ones_like(batch),
-                max_new_tokens=OUTPUT_TOKENS,
-                min_new_tokens=OUTPUT_TOKENS,
-                do_sample=False,
-                logits_processor=LogitsProcessorList([clock]),
-            )
+        clock = timed_greedy_generate(model, batch, OUTPUT_TOKENS)
         finished = time.perf_counter()
         for _ in range(batch.shape[0]):
             started.append(t0)

@@ -18,23 +18,20 @@ from torch import nn
 
 from engines.attention import AttentionMetadata, KVCache
 from engines.model_config import ModelConfig
-from engines.models.llama import LlamaAttention
+from engines.models.llama import LlamaAttention, RMSNorm, rms_normalize
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
 
 
-class GemmaRMSNorm(nn.Module):
-    """RMSNorm over the last dimension, scaled by (1 + weight); computed in float32."""
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: scaled by (1 + weight), the scaling too in float32 (as Gemma's reference)."""
 
     def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(size))
-        self.eps = eps
+        super().__init__(size, eps)
+        nn.init.zeros_(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = x.float()
-        out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (out * (1.0 + self.weight.float())).to(x.dtype)
+        return (rms_normalize(x, self.eps) * (1.0 + self.weight.float())).to(x.dtype)
 
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, factor: float, dtype: torch.dtype) -> RopeTables:

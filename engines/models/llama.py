@@ -16,17 +16,22 @@ from engines.attention import AttentionMetadata, KVCache, attend
 from engines.model_config import ModelConfig
 
 
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """`x` divided by its root mean square over the last dimension, computed in float32."""
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 class RMSNorm(nn.Module):
+    """Llama's RMSNorm: normalize in float32, cast back, then scale by the weight."""
+
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.weight * rms_normalize(x, self.eps).to(x.dtype)
 
 
 class RotaryEmbedding(nn.Module):
