@@ -18,7 +18,7 @@ from torch import nn
 
 from engines.attention import AttentionMetadata, KVCache
 from engines.model_config import ModelConfig
-from engines.models.llama import LlamaAttention, RMSNorm, rms_normalize
+from engines.models.llama import LlamaAttention, LlamaMLP, RMSNorm, rms_normalize
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
 
@@ -59,16 +59,12 @@ class Gemma3Attention(LlamaAttention):
         return self.q_norm(q), self.k_norm(k)
 
 
-class Gemma3MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+class Gemma3MLP(LlamaMLP):
+    """Llama's gated MLP with GELU (tanh approximation) as the gate's activation."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+    @staticmethod
+    def activation(gate: torch.Tensor) -> torch.Tensor:
+        return F.gelu(gate, approximate="tanh")
 
 
 class Gemma3DecoderLayer(nn.Module):

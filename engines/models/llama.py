@@ -95,6 +95,8 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
+    """Gated MLP with fused gate/up projections; subclasses change only `activation`."""
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.intermediate_size = config.intermediate_size
@@ -103,7 +105,11 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.activation(gate) * up)
+
+    @staticmethod
+    def activation(gate: torch.Tensor) -> torch.Tensor:
+        return F.silu(gate)
 
 
 class LlamaDecoderLayer(nn.Module):
