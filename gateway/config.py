@@ -31,6 +31,12 @@ class GatewayConfig:
     `port` 0 asks the OS for a free port (the gateway logs the one it bound). `metrics_port` None
     disables the metrics endpoint. `api_keys` empty disables authentication. `max_in_flight` None
     means no gateway-wide limit on concurrent calls.
+
+    `ready_data_parallel_size` decides when health first turns SERVING. None (`dpgate gateway`):
+    whenever any engine is routable. N (`dpgate serve --data-parallel-size N`, which started the N
+    engines itself): only once engines reporting DP size N own every rank 0..N-1 and each is
+    routable; after that first time, as for None. It is not the deployment's DP size (that
+    belongs to the engines' handshake): it is what this gateway waits for before it says ready.
     """
 
     engines: tuple[str, ...]
@@ -56,6 +62,7 @@ class GatewayConfig:
     breaker_failure_threshold: int = 5
     breaker_open_s: float = 5.0
     log_json: bool = False
+    ready_data_parallel_size: int | None = None
     engine_addresses: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 
     @property
@@ -118,6 +125,18 @@ def _check_engines(config: GatewayConfig) -> tuple[tuple[str, int], ...]:
         if config.port != 0 and address[1] == config.port and is_local:
             raise ConfigError(f"--engine {text!r} is the gateway's own --port; it cannot forward to itself.")
     return addresses
+
+
+def _check_readiness(config: GatewayConfig) -> None:
+    size = config.ready_data_parallel_size
+    if size is None:
+        return
+    _check_at_least_one(size, "--data-parallel-size")
+    if size > len(config.engines):
+        raise ConfigError(
+            f"--data-parallel-size {size} needs at least {size} engines to become ready, "
+            f"but {len(config.engines)} are configured."
+        )
 
 
 def _check_tls(config: GatewayConfig) -> None:
@@ -183,6 +202,7 @@ def validate_config(config: GatewayConfig) -> GatewayConfig:
     if not config.host:
         raise ConfigError("--host must not be empty.")
     addresses = _check_engines(config)
+    _check_readiness(config)
     _check_tls(config)
     _check_timing(config)
     _check_limits(config)

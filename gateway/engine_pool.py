@@ -52,8 +52,20 @@ class EnginePool:
         return [engine.view(now) for engine in self.engines if engine.identity is not None]
 
     @property
-    def has_routable_engine(self) -> bool:
-        return any(e.identity is not None and e.health.is_healthy and e.is_serving for e in self.engines)
+    def data_parallel_size(self) -> int | None:
+        """The DP size the connected engines reported (the handshake makes them agree), or None."""
+        for engine in self.engines:
+            if engine.identity is not None:
+                return engine.identity.data_parallel_size
+        return None
+
+    def routable_ranks(self) -> set[int]:
+        """Ranks of the connected engines that are healthy and serving (health's view, not the breaker's)."""
+        return {
+            engine.identity.rank
+            for engine in self.engines
+            if engine.identity is not None and engine.health.is_healthy and engine.is_serving
+        }
 
     def connected(self) -> list[EngineClient]:
         return [engine for engine in self.engines if engine.identity is not None]

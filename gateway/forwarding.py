@@ -166,8 +166,11 @@ class Forwarder:
 
     def choose(self, rank: int | None, excluded: frozenset[str]) -> EngineClient:
         request = RouteRequest(rank=rank, excluded_addresses=excluded)
-        view = choose_engine_for_request(self._pool.snapshot(), request, self._policy)
-        return self._pool.by_address[view.address]
+        pool = self._pool
+        view = choose_engine_for_request(
+            pool.snapshot(), request, self._policy, data_parallel_size=pool.data_parallel_size
+        )
+        return pool.by_address[view.address]
 
     def record(self, rpc: str, code: grpc.StatusCode, start: float) -> None:
         key = (rpc, code.name)

@@ -3,8 +3,10 @@
 Engines run as subprocesses (`python -m dpgate.cli engine ...`) so this process never imports
 torch: it is a gateway host that happens to start its own engines. Each engine gets its global
 rank and the DP size on its command line and reports them back in the handshake; the gateway
-learns the topology from them like any other. SIGTERM drains the gateway first, then stops the
-engines.
+learns the topology from them like any other. Its health reports SERVING only once all N
+engines passed the handshake and serve (`GatewayConfig.ready_data_parallel_size`), so a client
+that waits for SERVING may pin any rank at once. SIGTERM drains the gateway first, then stops
+the engines.
 """
 
 from __future__ import annotations
@@ -95,25 +97,32 @@ async def serve(config: GatewayConfig, processes: list[subprocess.Popen]) -> int
     return status
 
 
+def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
+    """The validated config of the gateway in front of engines on `ports`; raises ConfigError."""
+    return validate_config(
+        GatewayConfig(
+            engines=tuple(f"127.0.0.1:{port}" for port in ports),
+            host=args.host,
+            port=args.port,
+            metrics_port=args.metrics_port,
+            api_keys=tuple(args.api_key),
+            log_json=args.log_json,
+            # Health says SERVING only once every engine started here passed the handshake.
+            ready_data_parallel_size=args.data_parallel_size,
+            # Engines load a model before answering; a short drain keeps Ctrl-C snappy.
+            drain_grace_s=1.0,
+            shutdown_timeout_s=10.0,
+        )
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     if args.data_parallel_size < 1:
         print("dpgate serve: error: --data-parallel-size must be at least 1.", file=sys.stderr)
         return 2
     ports = [free_local_port() for _ in range(args.data_parallel_size)]
     try:
-        config = validate_config(
-            GatewayConfig(
-                engines=tuple(f"127.0.0.1:{port}" for port in ports),
-                host=args.host,
-                port=args.port,
-                metrics_port=args.metrics_port,
-                api_keys=tuple(args.api_key),
-                log_json=args.log_json,
-                # Engines load a model before answering; a short drain keeps Ctrl-C snappy.
-                drain_grace_s=1.0,
-                shutdown_timeout_s=10.0,
-            )
-        )
+        config = gateway_config(args, ports)
     except ConfigError as error:
         print(f"dpgate serve: error: {error}", file=sys.stderr)
         return 2

@@ -4,6 +4,10 @@ The front door (gateway/front_door.py) speaks HTTP/2 itself and relays dpgate.v1
 engines; health and reflection are served by a small grpc.aio server on a loopback port that the
 front door relays to, so they keep gRPC's own implementations.
 
+Health ("" and each service) is NOT_SERVING until `gateway.readiness.is_ready` says otherwise:
+any routable engine for `dpgate gateway`, every rank for `dpgate serve` (its config sets
+`ready_data_parallel_size`).
+
 `GatewayServer.start()` binds and returns the port; `drain()` runs the SIGTERM sequence:
 health NOT_SERVING first (load balancers stop sending), then the drain grace (calls still
 accepted while they notice), then new calls are refused with UNAVAILABLE while in-flight calls
@@ -31,6 +35,7 @@ from gateway.engine_pool import EnginePool
 from gateway.forwarding import Forwarder
 from gateway.front_door import ClientConnection, listen
 from gateway.metrics import GatewayMetrics
+from gateway.readiness import is_ready
 from gateway.routing import make_policy
 from gateway.upstream import UpstreamLink
 
@@ -77,6 +82,7 @@ class GatewayServer:
         self.port = 0
         self.metrics_port: int | None = None
         self._is_draining = False
+        self._has_been_ready = False  # see gateway.readiness
         self._health_task: asyncio.Task | None = None
 
     def _add_local_services(self) -> None:
@@ -124,7 +130,16 @@ class GatewayServer:
                 ) from None
 
     def _on_engines_changed(self) -> None:
-        status = _SERVING if self.pool.has_routable_engine else _NOT_SERVING
+        pool = self.pool
+        required = self.config.ready_data_parallel_size
+        ready = is_ready(
+            pool.routable_ranks(), pool.data_parallel_size, required, has_been_ready=self._has_been_ready
+        )
+        if ready and not self._has_been_ready:
+            self._has_been_ready = True
+            if required is not None:
+                logger.info("all %d data parallel ranks passed the handshake: health is SERVING", required)
+        status = _SERVING if ready else _NOT_SERVING
         if self._health_task is not None and not self._health_task.done():
             self._health_task.cancel()
         self._health_task = asyncio.get_running_loop().create_task(self._set_health(status))

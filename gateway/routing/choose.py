@@ -12,21 +12,38 @@ from gateway.routing.snapshot import EngineView
 __all__ = ["RouteRequest", "choose_engine_for_request"]
 
 
+def _connected_ranks(engines: Sequence[EngineView]) -> list[int]:
+    return sorted({engine.rank for engine in engines})
+
+
 def _not_connected_message(rank: int, engines: Sequence[EngineView]) -> str:
-    ranks = sorted({engine.rank for engine in engines})
-    return f"data parallel rank {rank} is not connected to this gateway; connected ranks: {ranks}"
+    return f"data parallel rank {rank} is not connected to this gateway; connected ranks: {_connected_ranks(engines)}"
 
 
-def _choose_pinned(engines: Sequence[EngineView], request: RouteRequest) -> EngineView:
+def _missing_rank_message(rank: int, data_parallel_size: int, engines: Sequence[EngineView]) -> str:
+    return (
+        f"data parallel rank {rank} of data parallel size {data_parallel_size} is not connected to "
+        f"this gateway right now; connected ranks: {_connected_ranks(engines)}"
+    )
+
+
+def _choose_pinned(
+    engines: Sequence[EngineView], request: RouteRequest, data_parallel_size: int | None
+) -> EngineView:
     """The engine owning the pinned rank, or the error that says why it cannot serve.
 
-    Rank numbers are global, so the owner is found by rank, never by position, and a rank no
-    engine owns is the client's mistake (INVALID_ARGUMENT), never a reason to use another rank.
+    Rank numbers are global, so the owner is found by rank, never by position, and a pin is never
+    served by another rank. A rank no engine owns is the client's mistake (INVALID_ARGUMENT)
+    unless it lies below the handshaken DP size: then the deployment has that rank and its engine
+    is only missing for now (starting, restarting, refused), so the call may be retried
+    (UNAVAILABLE). Before any handshake the size is unknown and every unowned rank is invalid.
     """
     rank = request.rank
     assert rank is not None  # our invariant: only called for pinned requests
     owners = [engine for engine in engines if engine.rank == rank]
     if not owners:
+        if data_parallel_size is not None and rank < data_parallel_size:
+            raise Unavailable(_missing_rank_message(rank, data_parallel_size, engines))
         raise InvalidArgument(_not_connected_message(rank, engines))
     # The handshake keeps ranks unique, so there is one owner; checking each keeps this honest.
     for engine_filter in FILTERS:
@@ -41,15 +58,21 @@ def _choose_pinned(engines: Sequence[EngineView], request: RouteRequest) -> Engi
 
 
 def choose_engine_for_request(
-    engines: Sequence[EngineView], request: RouteRequest, policy: RoutingPolicy
+    engines: Sequence[EngineView],
+    request: RouteRequest,
+    policy: RoutingPolicy,
+    *,
+    data_parallel_size: int | None = None,
 ) -> EngineView:
     """Return the engine that serves `request`, or raise a `gateway.errors` exception.
 
-    A pinned rank skips the policy: the rank decides. Unpinned requests go through every filter
-    and the policy picks among the survivors.
+    `engines` are the connected (handshaken) engines; `data_parallel_size` is the DP size they
+    reported in the handshake, None while no engine has handshaken. A pinned rank skips the
+    policy: the rank decides. Unpinned requests go through every filter and the policy picks
+    among the survivors.
     """
     if request.rank is not None:
-        return _choose_pinned(engines, request)
+        return _choose_pinned(engines, request, data_parallel_size)
     candidates = list(engines)
     if not candidates:
         raise Unavailable("no engine is connected to this gateway")

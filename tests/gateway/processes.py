@@ -85,6 +85,29 @@ def wait_ranks(address: str, ranks: list[int], timeout: float = 30) -> None:
                     time.sleep(0.05)
 
 
+GATEWAY_SERVICES = ("", "dpgate.v1.InferenceService", "dpgate.v1.ControlService")
+
+
+def health_status(address: str, service: str = "") -> int:
+    """One grpc.health.v1 Check answer (a HealthCheckResponse.ServingStatus value)."""
+    with grpc.insecure_channel(address) as channel:
+        request = health_pb2.HealthCheckRequest(service=service)
+        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=5).status
+
+
+def poll_until_serving(channel: grpc.Channel, service: str = "", timeout: float = 90) -> list[int]:
+    """Check `service` every 20 ms until it answers SERVING; return every answer seen, SERVING last."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    seen: list[int] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen.append(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status)
+        if seen[-1] == health_pb2.HealthCheckResponse.SERVING:
+            return seen
+        time.sleep(0.02)
+    raise RuntimeError(f"health of {service!r} not SERVING after {timeout}s; last {seen[-1:]}")
+
+
 class EngineProcess:
     """A `dpgate engine` process (real model) on a fixed port, restartable on the same port."""
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from gateway import gateway_command, serve_command
-from gateway.config import GatewayConfig, validate_config
+from gateway.config import ConfigError, GatewayConfig, validate_config
 from tests.gateway.processes import PYTHON, ROOT
 
 E = ["--engine", "127.0.0.1:50061"]
@@ -105,6 +105,26 @@ def test_invalid_configuration_exits_2_with_one_sentence(name, argv, flag, files
 def test_serve_refuses_bad_flags_before_starting_anything(argv, flag, capsys):
     status, err = run_command(serve_command, argv, capsys)
     assert status == 2 and flag in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(0, "--data-parallel-size 0 must be at least 1."), (3, "--data-parallel-size 3 needs at least 3 engines")],
+)
+def test_readiness_size_is_validated_with_the_rest(size, text):
+    """`dpgate serve` sets ready_data_parallel_size; it must be reachable with the engines given."""
+    config = GatewayConfig(engines=("127.0.0.1:1", "127.0.0.1:2"), ready_data_parallel_size=size)
+    with pytest.raises(ConfigError) as info:
+        validate_config(config)
+    assert str(info.value).startswith(text)
+
+
+def test_serve_waits_for_all_the_engines_it_starts():
+    parser = argparse.ArgumentParser(prog="dpgate")
+    serve_command.add_arguments(parser)
+    args = parser.parse_args(["--data-parallel-size", "3"])
+    assert serve_command.gateway_config(args, [1001, 1002, 1003]).ready_data_parallel_size == 3
+    assert validate_config(GatewayConfig(engines=("127.0.0.1:1",))).ready_data_parallel_size is None
 
 
 def test_valid_configuration_passes_and_keeps_parsed_addresses():

@@ -77,3 +77,18 @@ def test_unconnected_engines_are_not_in_the_snapshot():
         assert pool.snapshot() == []
 
     run_with_pool(check)
+
+
+def test_dp_size_and_routable_ranks_come_from_connected_engines():
+    def check(pool, engine):
+        assert pool.data_parallel_size == 1
+        assert pool.routable_ranks() == set()  # handshaken but not yet probed healthy
+        engine.health.record_success()
+        engine.is_serving = True
+        assert pool.routable_ranks() == {0}
+        engine.is_serving = False  # reachable but NOT_SERVING (loading, draining)
+        assert pool.routable_ranks() == set()
+        engine.identity = None
+        assert pool.data_parallel_size is None
+
+    run_with_pool(check)

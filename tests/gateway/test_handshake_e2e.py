@@ -62,8 +62,14 @@ def test_engines_that_break_the_handshake_are_refused(log_dir):
 
         with grpc.insecure_channel(gateway.address) as channel:
             stub = inference_stub(channel)
+            # Rank 1 belongs to the deployment (DP size 2) but only misfits claimed it: retryable.
             with pytest.raises(grpc.RpcError) as info:
                 stub.Generate(generate_request(1), metadata=[(RANK_KEY, "1")], timeout=5)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert info.value.details().startswith("data parallel rank 1 of data parallel size 2 ")
+            # Rank 2 is outside it, whatever the misfit reporting it says.
+            with pytest.raises(grpc.RpcError) as info:
+                stub.Generate(generate_request(1), metadata=[(RANK_KEY, "2")], timeout=5)
             assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert info.value.details().endswith("connected ranks: [0]")
             for _ in range(6):  # unpinned calls only ever reach the accepted engine

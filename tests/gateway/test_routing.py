@@ -20,8 +20,10 @@ def view(rank, **overrides):
     return EngineView(**fields)
 
 
-def choose(engines, policy=None, **request):
-    return choose_engine_for_request(engines, RouteRequest(**request), policy or LeastLoaded())
+def choose(engines, policy=None, data_parallel_size=None, **request):
+    return choose_engine_for_request(
+        engines, RouteRequest(**request), policy or LeastLoaded(), data_parallel_size=data_parallel_size
+    )
 
 
 def test_pinned_rank_is_served_by_its_owner_whatever_the_load():
@@ -45,6 +47,40 @@ def test_unknown_rank_is_invalid_argument_listing_connected_ranks():
 def test_unknown_rank_with_no_engines():
     with pytest.raises(InvalidArgument, match=r"connected ranks: \[\]"):
         choose([], rank=0)
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_rank_below_the_handshaken_dp_size_without_its_engine_is_unavailable(rank):
+    """Ranks 1 and 2 of a DP-3 deployment are not connected yet (or any more): the client may retry."""
+    with pytest.raises(Unavailable) as info:
+        choose([view(0)], rank=rank, data_parallel_size=3)
+    assert info.value.message == (
+        f"data parallel rank {rank} of data parallel size 3 is not connected to this gateway right now; "
+        "connected ranks: [0]"
+    )
+
+
+@pytest.mark.parametrize("rank", [2, 3, 2**32 - 1])
+def test_rank_at_or_beyond_the_handshaken_dp_size_is_invalid_argument(rank):
+    with pytest.raises(InvalidArgument) as info:
+        choose([view(0), view(1)], rank=rank, data_parallel_size=2)
+    assert info.value.message == (
+        f"data parallel rank {rank} is not connected to this gateway; connected ranks: [0, 1]"
+    )
+
+
+def test_unknown_dp_size_keeps_every_unowned_rank_invalid():
+    """Before any handshake the gateway cannot tell a missing rank from a wrong one."""
+    with pytest.raises(InvalidArgument, match=r"connected ranks: \[\]"):
+        choose([], rank=0, data_parallel_size=None)
+
+
+def test_owned_pins_and_unpinned_calls_ignore_the_dp_size():
+    engines, policy = [view(0), view(2)], LeastLoaded()
+    assert choose(engines, rank=2, data_parallel_size=3).rank == 2
+    assert {choose(engines, policy, data_parallel_size=3).rank for _ in range(4)} == {0, 2}
+    with pytest.raises(Unavailable, match="no engine is connected"):
+        choose([], data_parallel_size=3)
 
 
 @pytest.mark.parametrize(

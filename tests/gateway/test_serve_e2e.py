@@ -1,4 +1,5 @@
-"""`dpgate serve --data-parallel-size 2`: a gateway plus two engine subprocesses, stopped by SIGTERM."""
+"""`dpgate serve --data-parallel-size 2`: a gateway plus two engine subprocesses, ready only when both
+serve, stopped by SIGTERM."""
 
 from __future__ import annotations
 
@@ -8,16 +9,19 @@ import subprocess
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2
 
 from tests.gateway.processes import (
+    GATEWAY_SERVICES,
     PYTHON,
     RANK_KEY,
     ROOT,
     free_port,
     generate_request,
+    health_status,
     inference_stub,
+    poll_until_serving,
     read_line,
-    wait_ranks,
 )
 
 
@@ -34,7 +38,13 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def test_serve_brings_up_gateway_and_engines(tiny_model_dir, log_dir):
+def test_serve_is_serving_only_once_every_rank_takes_pinned_calls(tiny_model_dir, log_dir):
+    """The first SERVING answer of `dpgate serve --data-parallel-size 2` means both ranks serve now.
+
+    No wait and no retry between that answer and calls pinned to each rank: a gateway that said
+    SERVING while one engine was still loading refused those pins. Then unpinned calls spread
+    over both ranks, and SIGTERM stops the gateway and its engines.
+    """
     port = free_port()
     log = open(log_dir / "serve.log", "a")  # noqa: SIM115 (the child keeps it)
     serve = subprocess.Popen(
@@ -46,11 +56,19 @@ def test_serve_brings_up_gateway_and_engines(tiny_model_dir, log_dir):
         read_line(serve, "listening on", timeout=30)
         engines = children_of(serve.pid)
         assert len(engines) == 2
-        wait_ranks(f"127.0.0.1:{port}", [0, 1], timeout=90)  # the engines load the model first
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            seen = poll_until_serving(channel, timeout=90)  # the engines load the model first
+            stub = inference_stub(channel)
+            for _ in range(4):
+                for rank in ("0", "1"):
+                    _, call = stub.Generate.with_call(generate_request(2), metadata=[(RANK_KEY, rank)], timeout=30)
+                    assert dict(call.trailing_metadata())[RANK_KEY] == rank
+            assert set(seen[:-1]) <= {health_pb2.HealthCheckResponse.NOT_SERVING}, seen
+            for service in GATEWAY_SERVICES:
+                assert health_status(f"127.0.0.1:{port}", service) == health_pb2.HealthCheckResponse.SERVING
             ranks = set()
             for _ in range(4):
-                _, call = inference_stub(channel).Generate.with_call(generate_request(2), timeout=30)
+                _, call = stub.Generate.with_call(generate_request(2), timeout=30)
                 ranks.add(dict(call.trailing_metadata())[RANK_KEY])
             assert ranks == {"0", "1"}
         serve.send_signal(signal.SIGTERM)
