@@ -1,0 +1,124 @@
+"""The batch-invariant CPU kernels: linear, paged attention, RMS norm and the gated activation.
+
+Each is a torch operator (`torch.ops.dpgate.*`) from a small C++ library built on this machine
+(`engines/kernels/build.py`). What makes them batch invariant is stated once per kernel in its
+header under csrc/ and in docs/engine.md: every output element is computed from its own row (its
+own query, for attention) in one fixed order, so nothing about the rest of the batch, the tiling,
+the thread split or the vector width can change its bits.
+
+Every function takes `isa`, the instruction set to run: "scalar" (the reference, any CPU),
+"avx2" or "avx512" (the matrix multiply on sixteen lanes; the other kernels on AVX2). All give
+the same bits. Which one the engine uses is decided once, in engines/numerics.py.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from engines.kernels.build import KernelBuildError, build
+
+__all__ = [
+    "PANEL_WIDTH",
+    "KernelBuildError",
+    "PackedWeight",
+    "act_and_mul",
+    "attention",
+    "linear",
+    "load",
+    "pack_weight",
+    "rms_norm",
+    "supported_isas",
+]
+
+PANEL_WIDTH = 16  # output columns per packed weight panel (kPanelWidth in csrc/kernels.h)
+_load_lock = threading.Lock()
+_loaded = False
+
+
+def load() -> None:
+    """Build the library if needed and register its operators; idempotent and thread safe."""
+    global _loaded
+    with _load_lock:
+        if not _loaded:
+            torch.ops.load_library(str(build()))
+            _loaded = True
+
+
+def _ops():
+    """torch.ops.dpgate, loaded on first use."""
+    if not _loaded:
+        load()
+    return torch.ops.dpgate
+
+
+def supported_isas() -> tuple[str, ...]:
+    """The instruction sets this CPU runs, from the slowest (the scalar reference) to the fastest."""
+    return tuple(_ops().supported_isas())
+
+
+class PackedWeight:
+    """A linear layer's weight [N, K] laid out for the kernel: panels of 16 output columns,
+    [ceil(N / 16), K, 16], zero padded; int8 weights carry float32 scales per output column
+    (padded likewise). The values are exactly the weight's: packing only moves them."""
+
+    __slots__ = ("in_features", "out_features", "panels", "scales")
+
+    def __init__(self, panels: torch.Tensor, scales: torch.Tensor | None, out_features: int):
+        self.panels = panels
+        self.scales = scales
+        self.out_features = out_features
+        self.in_features = panels.shape[1]
+
+
+def pack_weight(weight: torch.Tensor, scales: torch.Tensor | None = None) -> PackedWeight:
+    """Pack `weight` [N, K] (int8 with `scales` [N], or bfloat16 / float32 without)."""
+    if weight.dtype == torch.int8:
+        if scales is None or scales.shape != weight.shape[:1]:
+            raise ValueError("int8 weights need one scale per output row")
+    elif weight.dtype not in (torch.float32, torch.bfloat16) or scales is not None:
+        raise ValueError(f"cannot pack {weight.dtype} weights (with scales: {scales is not None})")
+    out_features, in_features = weight.shape
+    pad = -out_features % PANEL_WIDTH
+    panels = F.pad(weight.detach(), (0, 0, 0, pad)) if pad else weight.detach()
+    panels = panels.reshape(-1, PANEL_WIDTH, in_features).transpose(1, 2).contiguous()
+    if scales is not None:
+        scales = F.pad(scales.detach().float(), (0, pad)).contiguous()
+    return PackedWeight(panels, scales, out_features)
+
+
+def linear(x: torch.Tensor, weight: PackedWeight, isa: str) -> torch.Tensor:
+    """x [..., K] (float32 or bfloat16) @ weight.T -> [..., N] in x's dtype, accumulated in float32."""
+    return _ops().linear(x, weight.panels, weight.scales, weight.out_features, isa)
+
+
+def attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    token_seq: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    scale: float,
+    window: int | None,
+    isa: str,
+) -> torch.Tensor:
+    """Causal paged attention, one query at a time. q [T, H, D]; caches [KVH, slots, D];
+    block_tables [seqs, blocks] int32; token_seq [T] int32 (each query's row of block_tables);
+    positions [T] int64. Returns [T, H, D] in q's dtype."""
+    return _ops().attention(
+        q, key_cache, value_cache, block_tables, token_seq, positions, block_size, scale, window or 0, isa
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str) -> torch.Tensor:
+    """x / rms(x) * weight over the last dimension; `weight` float32 (Gemma's 1 + w already added)."""
+    return _ops().rms_norm(x, weight, eps, isa)
+
+
+def act_and_mul(x: torch.Tensor, activation: str, isa: str) -> torch.Tensor:
+    """x [..., 2I] = gate | up -> activation(gate) * up [..., I]; activation "silu" or "gelu_tanh"."""
+    return _ops().act_and_mul(x, activation, isa)

@@ -1,0 +1,40 @@
+// The kernels on AVX2 + FMA: eight float32 lanes per register. Compiled with -mavx2 -mfma.
+#include "attention.h"
+#include "linear.h"
+#include "norm.h"
+
+#if !defined(__AVX2__) || !defined(__FMA__)
+#error "isa_avx2.cpp must be compiled with -mavx2 -mfma"
+#endif
+
+namespace dpgate::avx2 {
+
+// Register tiles (rows x vectors of 8 columns) by row count: 16 registers hold the
+// accumulators, one weight vector per column vector and one broadcast activation.
+#define DPGATE_AVX2_TILES(X) X(1, 6) X(2, 4) X(3, 3) X(4, 3) X(5, 2) X(6, 2)
+
+LinearPlan linear_plan(int64_t M) {
+  constexpr LinearPlan plans[] = {{1, 6, 8}, {2, 4, 8}, {3, 3, 8}, {4, 3, 8}, {5, 2, 8}, {6, 2, 8}};
+  return plans[std::min<int64_t>(std::max<int64_t>(M, 1), 6) - 1];
+}
+
+void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
+#define DPGATE_CALL(MR, NV) \
+  if (plan.rows == MR && plan.vectors == NV) return linear_dispatch<Avx2, MR, NV>(args, tile_begin, tile_end);
+  DPGATE_AVX2_TILES(DPGATE_CALL)
+#undef DPGATE_CALL
+}
+
+void attention(const AttentionArgs& args, int64_t item_begin, int64_t item_end, int64_t item_step) {
+  attention_dispatch<Avx2>(args, item_begin, item_end, item_step);
+}
+
+void rms_norm(const NormArgs& args, int64_t row_begin, int64_t row_end) {
+  rms_norm_dispatch<Avx2>(args, row_begin, row_end);
+}
+
+void act_and_mul(const ActArgs& args, int64_t row_begin, int64_t row_end) {
+  act_and_mul_dispatch<Avx2>(args, row_begin, row_end);
+}
+
+}  // namespace dpgate::avx2

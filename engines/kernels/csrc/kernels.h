@@ -1,0 +1,93 @@
+// The batch-invariant kernels' interface: plain structs of pointers and sizes, no torch.
+//
+// Each instruction set's translation unit (isa_scalar.cpp, isa_avx2.cpp, isa_avx512.cpp)
+// implements these functions in its own namespace; ops.cpp checks tensors, splits the work
+// over torch's threads and calls the set the caller chose. A row's result never depends on how
+// the work was split or on the other rows: see the rule stated in each kernel's header.
+#pragma once
+
+#include <cstdint>
+
+namespace dpgate {
+
+enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kInt8 = 2 };
+
+// Weights are packed in panels of 16 output columns: packed[n / 16][k][n % 16], zero padded.
+constexpr int64_t kPanelWidth = 16;
+
+struct LinearArgs {
+  const float* a;         // [M, K] float32 activations, row stride lda
+  int64_t lda;
+  const void* weight;     // packed [ceil(N / 16), K, 16] of weight_type
+  DType weight_type;      // kInt8, kBFloat16 or kFloat32
+  const float* scales;    // [ceil(N / 16) * 16] per output column, int8 weights only
+  void* out;              // [M, N] of out_type, row stride ldo
+  DType out_type;         // kFloat32 or kBFloat16
+  int64_t ldo;
+  int64_t M, N, K;
+};
+
+// How the output is cut into tiles: `rows` x `vectors` registers of `lanes` columns.
+struct LinearPlan {
+  int rows;
+  int vectors;
+  int lanes;
+};
+
+struct AttentionArgs {
+  const void* q;            // [T, H, D] of act_type, contiguous
+  void* out;                // [T, H, D] of act_type, contiguous
+  DType act_type;
+  const void* key_cache;    // [KVH, slots, D] of cache_type, contiguous
+  const void* value_cache;  // [KVH, slots, D] of cache_type, contiguous
+  DType cache_type;
+  const int32_t* block_tables;  // [num_seqs, table_stride]
+  int64_t table_stride;
+  const int32_t* token_seq;     // [T]: the row of block_tables each query belongs to
+  const int64_t* positions;     // [T]: each query's position; it sees keys at positions <= it
+  int64_t T, H, KVH, D, num_slots, block_size;
+  int64_t window;               // > 0: a query at p sees only keys at p - window < key <= p
+  float scale;
+};
+
+struct NormArgs {
+  const void* x;        // [rows, N] of type, contiguous
+  void* out;            // [rows, N] of type
+  DType type;
+  const float* weight;  // [N], the effective scale (Gemma's 1 + w already added)
+  int64_t N;
+  float eps;
+};
+
+enum class Activation : int { kSilu = 0, kGeluTanh = 1 };
+
+struct ActArgs {
+  const void* x;  // [rows, 2 * I] of type: gate then up
+  void* out;      // [rows, I] of type
+  DType type;
+  int64_t I;
+  Activation activation;
+};
+
+// One namespace per instruction set; every function handles the half-open range it is given.
+#define DPGATE_DECLARE_KERNELS(ns)                                                    \
+  namespace ns {                                                                      \
+  LinearPlan linear_plan(int64_t M);                                                  \
+  void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin,     \
+              int64_t tile_end);                                                      \
+  void attention(const AttentionArgs& args, int64_t item_begin, int64_t item_end,     \
+                 int64_t item_step);                                                  \
+  void rms_norm(const NormArgs& args, int64_t row_begin, int64_t row_end);            \
+  void act_and_mul(const ActArgs& args, int64_t row_begin, int64_t row_end);          \
+  }
+
+DPGATE_DECLARE_KERNELS(scalar)
+#if defined(__x86_64__)
+DPGATE_DECLARE_KERNELS(avx2)
+namespace avx512 {
+LinearPlan linear_plan(int64_t M);
+void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end);
+}
+#endif
+
+}  // namespace dpgate
