@@ -12,6 +12,12 @@ VENV=.venv
 STAMP=$VENV/.dpgate-install-stamp
 
 install() {
+    install_packages
+    # The batch-invariant kernels (engines/kernels): compiled once per source change, a no-op after.
+    "$VENV/bin/python" -m engines.kernels >/dev/null
+}
+
+install_packages() {
     if [ ! -x "$VENV/bin/python" ]; then
         "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || {
             echo "dev.sh: dpgate needs Python 3.11 (set PYTHON=/path/to/python3.11)" >&2; exit 2; }

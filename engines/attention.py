@@ -5,9 +5,15 @@ A model computes q, k and v for the step's tokens, applies its own position enco
 and which cached tokens each query may see (causality, sliding windows) are decided here and in
 `AttentionMetadata`, which the runner builds once per step and every layer reuses.
 
-Single-token queries (decodes) of all sequences are computed together: their block tables are
-gathered into one padded [batch, max_blocks] index, whole blocks at a time. Multi-token chunks (prefills) are computed
-one sequence at a time with a causal mask offset by what the sequence already has cached.
+Two ways to compute it, chosen once per engine (engines/numerics.py) and named by the metadata:
+- the batch-invariant kernel (`kernel_isa` set): every query, decode or prefill, attends alone to
+  its own sequence's keys in one fixed order (engines/kernels/csrc/attention.h), so its output
+  does not depend on the batch, the padding or how its prompt was chunked;
+- torch's ops (`kernel_isa` None): single-token queries (decodes) of all sequences are computed
+  together, their block tables gathered into one padded [batch, max_blocks] index, whole blocks
+  at a time; multi-token chunks (prefills) one sequence at a time with a causal mask offset by
+  what the sequence already has cached. Faster on some shapes, but the padded width and the
+  chunking change the rounding.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from engines import kernels
 
 
 class KVCache:
@@ -57,17 +65,23 @@ class AttentionMetadata:
 
     positions / slot_mapping: [num_tokens] position and cache slot of each token fed this step.
     logits_indices: [num_sampled] rows whose next-token logits are wanted.
-    decode_rows: [batch] rows that are single-token queries; decode_blocks: [batch, max_blocks]
-    their block tables (padded with block 0, masked out); decode_positions: [batch] their positions.
+    For the kernel (kernel_isa set): block_tables [chunks, max_blocks] int32, one row per chunk,
+    and token_seq [num_tokens] int32, the row of each token.
+    For torch's ops: decode_rows [batch] rows that are single-token queries; decode_blocks
+    [batch, max_blocks] their block tables (padded with block 0, masked out); decode_positions
+    [batch] their positions; prefills the multi-token chunks.
     """
 
     positions: torch.Tensor
     slot_mapping: torch.Tensor
     logits_indices: torch.Tensor
-    decode_rows: torch.Tensor
-    decode_blocks: torch.Tensor
-    decode_positions: torch.Tensor
-    prefills: list[PrefillSlice]
+    kernel_isa: str | None = None
+    block_tables: torch.Tensor | None = None
+    token_seq: torch.Tensor | None = None
+    decode_rows: torch.Tensor | None = None
+    decode_blocks: torch.Tensor | None = None
+    decode_positions: torch.Tensor | None = None
+    prefills: list[PrefillSlice] = field(default_factory=list)
     _decode_masks: dict[int | None, torch.Tensor] = field(default_factory=dict)
 
     @property
@@ -107,6 +121,12 @@ def attend(
     keys, values = cache.keys[layer_index], cache.values[layer_index]
     keys.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     values.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    if meta.kernel_isa is not None:
+        out = kernels.attention(
+            q.contiguous(), keys, values, meta.block_tables, meta.token_seq, meta.positions,
+            cache.block_size, scale, sliding_window, meta.kernel_isa,
+        )  # fmt: skip
+        return out.reshape(num_tokens, num_heads * head_dim)
     if num_tokens == meta.decode_rows.shape[0]:  # a decode-only step: no scatter needed
         return _decode(q, keys, values, meta, cache.block_size, scale, sliding_window).reshape(
             num_tokens, num_heads * head_dim

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from engines.model_source import DEFAULT_MODEL
+from engines.numerics import AUTO_DTYPE
 from engines.scheduler import SchedulerConfig
 
-if TYPE_CHECKING:
-    import torch
-
 # Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = (AUTO_DTYPE, "bfloat16", "float16", "float32")
 QUANTIZATIONS = ("none", "int8")  # see engines/quantization.py
 DEFAULT_PORT = 50051
 
@@ -31,7 +28,7 @@ class EngineConfig:
     served_model_name: str | None = None
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    dtype: str = "bfloat16"
+    dtype: str = AUTO_DTYPE
     max_model_len: int | None = None
     data_parallel_rank: int = 0
     data_parallel_size: int = 1
@@ -44,16 +41,11 @@ class EngineConfig:
     max_waiting: int = 256
     num_threads: int | None = None
     quantization: str = "int8"
+    batch_invariant: bool = True
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_waiting)
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        import torch
-
-        return getattr(torch, self.dtype)
 
     def validate(self) -> None:
         _check_port("--port", self.port)
@@ -63,6 +55,10 @@ class EngineConfig:
                 raise ConfigError(f"--metrics-port {self.metrics_port} must differ from --port")
         if self.dtype not in DTYPES:
             raise ConfigError(f"--dtype {self.dtype} must be one of {', '.join(DTYPES)}")
+        if self.dtype == "float16" and self.batch_invariant:
+            raise ConfigError(
+                "--dtype float16 is not supported by the batch-invariant kernels; add --no-batch-invariant"
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"--max-model-len {self.max_model_len} must be >= 2")
         if self.data_parallel_size < 1:
@@ -111,6 +107,7 @@ class EngineConfig:
             max_waiting=args.max_waiting,
             num_threads=args.num_threads,
             quantization=args.quantization,
+            batch_invariant=args.batch_invariant,
         )
 
 
@@ -123,7 +120,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None, help="name clients use (default: from --model)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: %(default)s)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="gRPC port (default: %(default)s)")
-    parser.add_argument("--dtype", default="bfloat16", help="compute dtype: bfloat16, float16 or float32")
+    parser.add_argument(
+        "--dtype",
+        default=AUTO_DTYPE,
+        help="activation and KV-cache dtype: auto (the default: chosen by the CPU and kernels, see "
+        "docs/engine.md), float32, bfloat16 or float16",
+    )
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
     parser.add_argument("--data-parallel-rank", type=int, default=0, help="this engine's global DP rank")
     parser.add_argument("--data-parallel-size", type=int, default=1, help="number of DP ranks in the deployment")
@@ -153,6 +155,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantization",
         default="int8",
         help="weight storage: int8 (weight-only, the default: faster decoding) or none",
+    )
+    parser.add_argument(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compute with dpgate's batch-invariant kernels, so a request's tokens and logprobs never depend "
+        "on its batch (the default); --no-batch-invariant uses torch's kernels",
     )
     parser.add_argument(
         "--num-threads",

@@ -11,9 +11,10 @@ from engines.config import ConfigError, EngineConfig, add_engine_arguments
 from engines.gguf_reader import GGUFFormatError
 from engines.model_config import UnsupportedModelError
 from engines.model_source import ModelNotFoundError
+from engines.numerics import NumericsError
 
 # Start-up errors that are the user's to fix: one sentence, exit status 2.
-USER_ERRORS = (ConfigError, ModelNotFoundError, GGUFFormatError, UnsupportedModelError)
+USER_ERRORS = (ConfigError, ModelNotFoundError, GGUFFormatError, UnsupportedModelError, NumericsError)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from engines.gguf_reader import GGUFFile
+from engines.kernels.layers import use_invariant_kernels
 from engines.model_config import ModelConfig, config_from_gguf, config_from_hf_dir
 from engines.model_source import ModelSource, SourceKind
 from engines.models.gemma3 import Gemma3ForCausalLM
 from engines.models.llama import LlamaForCausalLM
+from engines.numerics import Numerics, NumericsError
+from engines.quantization import quantize_int8_weight_only
 from engines.tokenizer import TokenizerInfo, load_tokenizer
 from engines.weights import (
     build_model,
@@ -50,6 +53,32 @@ class LoadedModel:
     model: LlamaForCausalLM | Gemma3ForCausalLM
     tokenizer: TokenizerInfo
     dtype: torch.dtype
+    numerics: Numerics | None = None  # set by apply_numerics; None: plain torch modules as loaded
+
+
+def load_for_serving(source: ModelSource, numerics: Numerics) -> LoadedModel:
+    """Load in the numerics' dtype and put the model on its weights and kernels."""
+    return apply_numerics(load(source, numerics.torch_dtype), numerics)
+
+
+def apply_numerics(loaded: LoadedModel, numerics: Numerics) -> LoadedModel:
+    """Quantize and swap in the chosen kernels, in place; the runner reads `numerics` back."""
+    if loaded.dtype != numerics.torch_dtype:
+        raise ValueError(f"model loaded in {loaded.dtype}, numerics want {numerics.dtype}")
+    if numerics.batch_invariant:
+        config = loaded.config
+        sizes = {"hidden_size": config.hidden_size, "head_dim": config.head_dim}
+        sizes["intermediate_size"] = config.intermediate_size
+        uneven = [f"{name} {size}" for name, size in sizes.items() if size % 8]
+        if uneven:
+            raise NumericsError(
+                f"the batch-invariant kernels need sizes that are multiples of 8, the model has {', '.join(uneven)}; "
+                "use --no-batch-invariant"
+            )
+        use_invariant_kernels(loaded.model, numerics.quantization, numerics.isa)
+    elif numerics.quantization == "int8":
+        quantize_int8_weight_only(loaded.model)
+    return replace(loaded, numerics=numerics)
 
 
 def load(source: ModelSource, dtype: torch.dtype) -> LoadedModel:

@@ -31,6 +31,7 @@ class ModelRunner:
     def __init__(self, loaded: LoadedModel, max_model_len: int, num_blocks: int | None = None, block_size: int = 16):
         config = loaded.config
         self.model = loaded.model
+        self.kernel_isa = loaded.numerics.isa if loaded.numerics is not None else None
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.num_blocks = num_blocks or blocks_needed(max_model_len, block_size)
@@ -70,9 +71,7 @@ class ModelRunner:
 
     def prepare(self, chunks: Sequence[ChunkInput]) -> AttentionMetadata:
         size = self.block_size
-        positions, slots, logits_indices = [], [], []
-        decode_rows, decode_tables, decode_positions = [], [], []
-        prefills = []
+        positions, slots, logits_indices, tables = [], [], [], []
         row = 0
         for chunk in chunks:
             end = chunk.start + len(chunk.token_ids)
@@ -83,24 +82,45 @@ class ModelRunner:
                 raise ValueError(f"block table has {len(table)} blocks; {end} tokens need {blocks_needed(end, size)}")
             positions.extend(range(chunk.start, end))
             slots.extend(table[p // size] * size + p % size for p in range(chunk.start, end))
-            if len(chunk.token_ids) == 1:
-                decode_rows.append(row)
-                decode_tables.append(table)
-                decode_positions.append(chunk.start)
-            else:
-                blocks = torch.tensor(table, dtype=torch.long)
-                prefills.append(PrefillSlice(row, len(chunk.token_ids), end, blocks, torch.arange(chunk.start, end)))
+            tables.append(table)
             row += len(chunk.token_ids)
             if chunk.samples:
                 logits_indices.append(row - 1)
-        width = max((len(t) for t in decode_tables), default=0)
-        decode_blocks = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long)
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             positions=torch.tensor(positions, dtype=torch.long),
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             logits_indices=torch.tensor(logits_indices, dtype=torch.long),
-            decode_rows=torch.tensor(decode_rows, dtype=torch.long),
-            decode_blocks=decode_blocks.reshape(len(decode_tables), width),
-            decode_positions=torch.tensor(decode_positions, dtype=torch.long),
-            prefills=prefills,
+            kernel_isa=self.kernel_isa,
         )
+        if self.kernel_isa is not None:
+            width = max(len(t) for t in tables)
+            meta.block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+            meta.token_seq = torch.tensor(
+                [i for i, chunk in enumerate(chunks) for _ in chunk.token_ids], dtype=torch.int32
+            )
+            return meta
+        return _with_torch_attention_inputs(meta, chunks, tables)
+
+
+def _with_torch_attention_inputs(
+    meta: AttentionMetadata, chunks: Sequence[ChunkInput], tables: list[list[int]]
+) -> AttentionMetadata:
+    """The padded decode batch and the per-sequence prefill slices torch's attention path reads."""
+    decode_rows, decode_tables, decode_positions = [], [], []
+    row = 0
+    for chunk, table in zip(chunks, tables, strict=True):
+        end = chunk.start + len(chunk.token_ids)
+        if len(chunk.token_ids) == 1:
+            decode_rows.append(row)
+            decode_tables.append(table)
+            decode_positions.append(chunk.start)
+        else:
+            blocks = torch.tensor(table, dtype=torch.long)
+            meta.prefills.append(PrefillSlice(row, len(chunk.token_ids), end, blocks, torch.arange(chunk.start, end)))
+        row += len(chunk.token_ids)
+    width = max((len(t) for t in decode_tables), default=0)
+    decode_blocks = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long)
+    meta.decode_rows = torch.tensor(decode_rows, dtype=torch.long)
+    meta.decode_blocks = decode_blocks.reshape(len(decode_tables), width)
+    meta.decode_positions = torch.tensor(decode_positions, dtype=torch.long)
+    return meta

@@ -17,14 +17,17 @@ from grpc_reflection.v1alpha import reflection
 
 from dpgate import __version__
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
+from engines import kernels
 from engines.async_engine import AsyncEngine
 from engines.config import ConfigError, EngineConfig
+from engines.cpu import cpu_info
 from engines.engine import LLMEngine
-from engines.loader import LoadedModel, load
+from engines.kernels import KernelBuildError
+from engines.loader import LoadedModel, load_for_serving
 from engines.metrics import EngineMetrics
 from engines.model_runner import ModelRunner
 from engines.model_source import resolve_model
-from engines.quantization import quantize_int8_weight_only
+from engines.numerics import Numerics, NumericsError, choose_numerics
 from engines.request_builder import ModelLimits
 from engines.servicers import ControlServicer, InferenceServicer
 
@@ -54,6 +57,20 @@ def kv_blocks_for_memory(config: EngineConfig, loaded: LoadedModel) -> int:
     return max(1, config.kv_cache_memory_mb * 2**20 // bytes_per_block)
 
 
+def numerics_for(config: EngineConfig) -> Numerics:
+    """The engine's dtype and kernels for this CPU (building the kernel library if it is missing)."""
+    isas: tuple[str, ...] = ()
+    if config.batch_invariant:
+        try:
+            isas = kernels.supported_isas()
+        except KernelBuildError as error:
+            raise ConfigError(f"--batch-invariant: {error}") from error
+    try:
+        return choose_numerics(config.dtype, config.quantization, config.batch_invariant, cpu_info(), isas)
+    except NumericsError as error:
+        raise ConfigError(str(error)) from error
+
+
 async def serve(config: EngineConfig) -> int:
     started = time.monotonic()
     source = resolve_model(config.model, config.served_model_name)
@@ -68,9 +85,9 @@ async def serve(config: EngineConfig) -> int:
         import torch
 
         torch.set_num_threads(config.num_threads)
-    loaded = await asyncio.to_thread(load, source, config.torch_dtype)
-    if config.quantization == "int8":
-        quantize_int8_weight_only(loaded.model)
+    numerics = await asyncio.to_thread(numerics_for, config)
+    loaded = await asyncio.to_thread(load_for_serving, source, numerics)
+    logger.info("numerics: %s, on %s", numerics.describe(), cpu_info().describe())
     max_model_len = max_model_len_for(config, loaded)
     num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, loaded)
     runner = ModelRunner(loaded, max_model_len, num_blocks, config.block_size)
@@ -100,8 +117,11 @@ async def serve(config: EngineConfig) -> int:
         vocab_size=loaded.config.vocab_size,
         max_model_len=max_model_len,
         eos_token_ids=sorted(tokenizer.eos_token_ids),
-        dtype=config.dtype,
-        quantization=config.quantization,
+        dtype=numerics.dtype,
+        quantization=numerics.quantization,
+        kernels=numerics.kernels,
+        batch_invariant=numerics.batch_invariant,
+        cpu=cpu_info().describe(),
     )
     if tokenizer.bos_token_id is not None:
         model_info.bos_token_id = tokenizer.bos_token_id
@@ -127,8 +147,8 @@ async def serve(config: EngineConfig) -> int:
         config.data_parallel_size,
         source.name,
         address,
-        config.dtype,
-        config.quantization,
+        numerics.dtype,
+        numerics.quantization,
         max_model_len,
         num_blocks,
         config.block_size,

@@ -37,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", help="model for every engine (default: the engine's default, SmolLM2-135M-Instruct)")
     add("--dtype", help="engine compute dtype (default: the engine's)")
     add("--max-model-len", type=int, help="engine context length (default: the model's)")
+    add(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="engines compute with the batch-invariant kernels (default); --no-batch-invariant: torch's",
+    )
     add("--api-key", action="append", default=[], help="accept `authorization: Bearer KEY` (repeatable)")
     add("--log-json", action="store_true", help="gateway logs one JSON object a line")
 
@@ -57,6 +63,8 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
     for flag, value in (("--model", args.model), ("--dtype", args.dtype), ("--max-model-len", args.max_model_len)):
         if value is not None:
             command += [flag, str(value)]
+    if not args.batch_invariant:
+        command.append("--no-batch-invariant")
     # Engines on one host share its cores: oversubscribed torch threads spin against each other.
     command += ["--num-threads", str(max(1, (os.cpu_count() or 1) // args.data_parallel_size))]
     return command

@@ -43,7 +43,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model", "architecture", "vocab_size", "max_model_len", "eos_token_ids", "bos_token_id", "dtype", "quantization")
+    __slots__ = ("model", "architecture", "vocab_size", "max_model_len", "eos_token_ids", "bos_token_id", "dtype", "quantization", "kernels", "batch_invariant", "cpu")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +52,9 @@ class GetModelInfoResponse(_message.Message):
     BOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
+    CPU_FIELD_NUMBER: _ClassVar[int]
     model: str
     architecture: str
     vocab_size: int
@@ -60,7 +63,10 @@ class GetModelInfoResponse(_message.Message):
     bos_token_id: int
     dtype: str
     quantization: str
-    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ...) -> None: ...
+    kernels: str
+    batch_invariant: bool
+    cpu: str
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., kernels: _Optional[str] = ..., batch_invariant: _Optional[bool] = ..., cpu: _Optional[str] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()

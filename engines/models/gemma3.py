@@ -62,6 +62,8 @@ class Gemma3Attention(LlamaAttention):
 class Gemma3MLP(LlamaMLP):
     """Llama's gated MLP with GELU (tanh approximation) as the gate's activation."""
 
+    activation_name = "gelu_tanh"
+
     @staticmethod
     def activation(gate: torch.Tensor) -> torch.Tensor:
         return F.gelu(gate, approximate="tanh")

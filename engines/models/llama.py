@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines import kernels
 from engines.attention import AttentionMetadata, KVCache, attend
 from engines.model_config import ModelConfig
 
@@ -95,16 +96,26 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """Gated MLP with fused gate/up projections; subclasses change only `activation`."""
+    """Gated MLP with fused gate/up projections; subclasses change only `activation` (and name it
+    for the batch-invariant kernel, which computes activation(gate) * up in one pass)."""
+
+    activation_name = "silu"
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.intermediate_size = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.kernel_isa: str | None = None
+
+    def use_kernel(self, isa: str) -> None:
+        self.kernel_isa = isa
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.kernel_isa is not None:
+            return self.down_proj(kernels.act_and_mul(gate_up, self.activation_name, self.kernel_isa))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.activation(gate) * up)
 
     @staticmethod

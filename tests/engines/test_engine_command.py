@@ -25,7 +25,8 @@ def bad_flag_cases(tmp_path):
         (["--port", "0"], "--port 0 must be in [1, 65535]"),
         (["--port", "70000"], "--port 70000 must be in [1, 65535]"),
         (["--port", "5000", "--metrics-port", "5000"], "--metrics-port 5000 must differ from --port"),
-        (["--dtype", "int3"], "--dtype int3 must be one of bfloat16, float16, float32"),
+        (["--dtype", "int3"], "--dtype int3 must be one of auto, bfloat16, float16, float32"),
+        (["--dtype", "float16"], "--dtype float16 is not supported by the batch-invariant kernels"),
         (["--max-model-len", "1"], "--max-model-len 1 must be >= 2"),
         (["--data-parallel-size", "0"], "--data-parallel-size 0 must be >= 1"),
         (
