@@ -65,7 +65,11 @@ def _torch_flags() -> tuple[list[str], list[str]]:
     lib = Path(torch.__file__).parent / "lib"
     compile_flags = [f"-I{path}" for path in include_paths()]
     compile_flags.append(f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}")
-    link_flags = [f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
+    # at::parallel_for is an OpenMP pragma in ATen's headers: without -fopenmp it runs serially.
+    # The library then needs libgomp.so.1, which resolves to the one torch already loaded (same
+    # soname, found first through the rpath), so both share one OpenMP thread pool.
+    compile_flags.append("-fopenmp")
+    link_flags = ["-fopenmp", f"-L{lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib}"]
     return compile_flags, link_flags
 
 
@@ -73,7 +77,7 @@ def _build_key(compiler: str) -> str:
     import torch
 
     digest = hashlib.sha256()
-    for path in sorted(SOURCE_DIR.iterdir()):
+    for path in [Path(__file__), *sorted(SOURCE_DIR.iterdir())]:  # this file holds the flags
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     digest.update(repr((COMMON_FLAGS, ISA_FLAGS, torch.__version__, version, platform.machine())).encode())

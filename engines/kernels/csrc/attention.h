@@ -36,9 +36,12 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
   const int32_t* table = g.block_tables + int64_t(g.token_seq[t]) * g.table_stride;
 
   slots.resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t p = lo + i;
-    slots[i] = int64_t(table[p / g.block_size]) * g.block_size + p % g.block_size;
+  {  // slot of each visible key, walking the block table (one division per query, not per key)
+    int64_t block = lo / g.block_size, offset = lo % g.block_size;
+    for (int64_t i = 0; i < n; ++i) {
+      slots[i] = int64_t(table[block]) * g.block_size + offset;
+      if (++offset == g.block_size) offset = 0, ++block;
+    }
   }
   scratch.resize(group * (D + padded));
   float* q = scratch.data();                // [group, D] float32
