@@ -2,15 +2,18 @@
 
 64 requests of 256 prompt tokens each generate 128 tokens (eos ignored) with 16 in flight. dpgate
 runs them with continuous batching through its engine core (`LLMEngine`, the loop behind the gRPC
-server); transformers runs them one at a time (`generate`) and with its own static batching (16
-prompts per `generate` call, one batch after another). Each system runs in its own subprocess so
-peak memory (max RSS) is its own. All in bfloat16, greedy; dpgate with
-its default int8 weight-only quantization.
+server) twice: as served (batch-invariant kernels; float32 activations over int8 weights) and on
+torch's kernels with the same dtype and weights, which is what batch invariance costs.
+transformers runs them one at a time (`generate`) and with its own static batching (16 prompts
+per `generate` call, one batch after another), in bfloat16 where the CPU has it natively and
+float32 elsewhere. Greedy everywhere. Each system runs in its own subprocess so peak memory (max
+RSS) is its own. The CPU and its flags are printed with the figures.
 
-    python bench/throughput.py [--requests 64] [--sequential-requests 8] [--profile]
+    python bench/throughput.py [--requests 64] [--sequential-requests 8] [--profile] [--isa avx2]
 
 Sequential transformers is slow (about 20 tokens/s); `--sequential-requests` runs it on the
-first N requests only and says so: its tokens/s is a rate and does not depend on N.
+first N requests only and says so: its tokens/s is a rate and does not depend on N. `--isa avx2`
+caps dpgate's kernels at AVX2 (what an AVX2-only CPU runs); `--no-transformers` skips the peers.
 """
 
 from __future__ import annotations
@@ -56,20 +59,20 @@ def summarize(name, started, finished, first_token, done, num_tokens) -> dict:
     }
 
 
-def run_dpgate(num_requests: int, profile: bool) -> dict:
-    import torch
+def run_dpgate(num_requests: int, profile: bool, batch_invariant: bool, isa: str | None) -> dict:
+    from machine import engine_numerics
 
     from dpgate.v1 import generate_pb2 as pb
     from engines.engine import LLMEngine
-    from engines.loader import load
+    from engines.loader import load_for_serving
     from engines.model_runner import ModelRunner
     from engines.model_source import resolve_model
-    from engines.quantization import quantize_int8_weight_only
     from engines.request_builder import ModelLimits, build_sequence
     from engines.scheduler import SchedulerConfig
 
-    loaded = load(resolve_model("smollm2-135m-instruct"), torch.bfloat16)
-    quantize_int8_weight_only(loaded.model)  # as `dpgate engine` serves by default
+    served = engine_numerics(True, isa)
+    numerics = served if batch_invariant else engine_numerics(False, dtype=served.dtype)
+    loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), numerics)
     max_len = PROMPT_TOKENS + OUTPUT_TOKENS
     runner = ModelRunner(loaded, max_len, num_blocks=CONCURRENCY * max_len // 16 + 16, block_size=16)
     runner.warm_up(CONCURRENCY, 512)
@@ -104,7 +107,7 @@ def run_dpgate(num_requests: int, profile: bool) -> dict:
                 done[i] = now
     order = range(num_requests)
     return summarize(
-        "dpgate continuous batching",
+        f"dpgate {numerics.dtype}+{numerics.quantization} {numerics.kernels}",
         [started[i] for i in order],
         max(done.values()),
         [first_token[i] for i in order],
@@ -124,12 +127,14 @@ def profile_decode_step(engine) -> None:
 
 def run_transformers(num_requests: int, batch_size: int) -> dict:
     import torch
+    from machine import transformers_dtype
     from transformers import AutoModelForCausalLM
 
     from engines.model_source import resolve_model
 
     path = resolve_model("smollm2-135m-instruct").path
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.bfloat16).eval()
+    dtype = transformers_dtype()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
     prompts = make_prompts(num_requests)
     started, first_token, done = [], [], []
     for begin in range(0, num_requests, batch_size):
@@ -141,7 +146,7 @@ def run_transformers(num_requests: int, batch_size: int) -> dict:
             started.append(t0)
             first_token.append(clock.times[0])
             done.append(finished)
-    name = "transformers sequential" if batch_size == 1 else f"transformers static batch {batch_size}"
+    name = f"transformers {str(dtype)[6:]} " + ("sequential" if batch_size == 1 else f"static batch {batch_size}")
     return summarize(name, started, max(done), first_token, done, OUTPUT_TOKENS)
 
 
@@ -162,10 +167,14 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--sequential-requests", type=int, default=8)
     parser.add_argument("--profile", action="store_true", help="print a profile of one full-batch decode step")
-    parser.add_argument("--system", choices=["dpgate", "transformers-sequential", "transformers-static"])
+    parser.add_argument("--isa", choices=["avx512", "avx2", "scalar"], help="cap dpgate's kernel instruction set")
+    parser.add_argument("--no-transformers", action="store_true", help="measure dpgate only")
+    parser.add_argument(
+        "--system", choices=["dpgate", "dpgate-torch", "transformers-sequential", "transformers-static"]
+    )
     args = parser.parse_args()
-    if args.system == "dpgate":
-        print(json.dumps(run_dpgate(args.requests, args.profile)))
+    if args.system in ("dpgate", "dpgate-torch"):
+        print(json.dumps(run_dpgate(args.requests, args.profile, args.system == "dpgate", args.isa)))
         return
     if args.system == "transformers-sequential":
         print(json.dumps(run_transformers(args.requests, 1)))
@@ -174,26 +183,36 @@ def main() -> None:
         print(json.dumps(run_transformers(args.requests, CONCURRENCY)))
         return
 
+    from machine import describe_machine
+
     print(
-        f"SmolLM2-135M-Instruct bf16: {args.requests} requests x {PROMPT_TOKENS} prompt + {OUTPUT_TOKENS} output "
-        f"tokens, {CONCURRENCY} in flight"
+        f"SmolLM2-135M-Instruct: {args.requests} requests x {PROMPT_TOKENS} prompt + {OUTPUT_TOKENS} output "
+        f"tokens, {CONCURRENCY} in flight\n{describe_machine()}"
     )
+    isa = ["--isa", args.isa] if args.isa else []
+    profile = ["--profile"] if args.profile else []
     results = [
-        in_subprocess("--system", "dpgate", "--requests", str(args.requests), *(["--profile"] if args.profile else [])),
-        in_subprocess("--system", "transformers-static", "--requests", str(args.requests)),
-        in_subprocess("--system", "transformers-sequential", "--requests", str(args.sequential_requests)),
+        in_subprocess("--system", "dpgate", "--requests", str(args.requests), *isa, *profile),
+        in_subprocess("--system", "dpgate-torch", "--requests", str(args.requests), *profile),
     ]
-    header = f"{'system':<32}{'reqs':>5}{'out tok/s':>11}{'TTFT p50/p99 ms':>20}{'TPOT p50/p99 ms':>18}{'peak MB':>9}"
+    if not args.no_transformers:
+        results += [
+            in_subprocess("--system", "transformers-static", "--requests", str(args.requests)),
+            in_subprocess("--system", "transformers-sequential", "--requests", str(args.sequential_requests)),
+        ]
+    header = f"{'system':<52}{'reqs':>5}{'out tok/s':>11}{'TTFT p50/p99 ms':>20}{'TPOT p50/p99 ms':>18}{'peak MB':>9}"
     print(header)
     for r in results:
         print(
-            f"{r['system']:<32}{r['requests']:>5}{r['output_tokens_per_s']:>11.1f}"
+            f"{r['system']:<52}{r['requests']:>5}{r['output_tokens_per_s']:>11.1f}"
             f"{r['ttft_p50_ms']:>11.0f}/{r['ttft_p99_ms']:<8.0f}{r['tpot_p50_ms']:>9.1f}/{r['tpot_p99_ms']:<8.1f}"
             f"{r['peak_rss_mb']:>9.0f}"
         )
     ours = results[0]["output_tokens_per_s"]
-    print(f"dpgate / transformers static batching: {ours / results[1]['output_tokens_per_s']:.2f}x")
-    print(f"dpgate / transformers sequential:      {ours / results[2]['output_tokens_per_s']:.2f}x")
+    torch_rate = results[1]["output_tokens_per_s"]
+    print(f"batch-invariant / torch kernels (same dtype, same weights): {ours / torch_rate:.2f}x")
+    for peer in results[2:]:
+        print(f"dpgate served / {peer['system']}: {ours / peer['output_tokens_per_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from engines.loader import load
 from engines.model_runner import ModelRunner
 from engines.model_source import resolve_model
 from engines.request_builder import ModelLimits, build_sequence
+from tests.engines.kernel_choice import load_with_kernels
 
 PROMPTS = [
     "The capital of France is",
@@ -42,8 +43,14 @@ LONG_NUM_TOKENS = 16
 
 
 @pytest.fixture(scope="module")
-def loaded():
+def plain():
     return load(resolve_model("gemma3-270m"), torch.float32)
+
+
+@pytest.fixture(scope="module", params=["torch", "batch-invariant"])
+def loaded(request, plain):
+    """The model on torch's kernels, then on the batch-invariant ones (float32, unquantized)."""
+    return plain if request.param == "torch" else load_with_kernels(resolve_model("gemma3-270m"), request.param)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +59,7 @@ def reference_dir():
 
 
 @pytest.fixture(scope="module")
-def expected(loaded, reference_dir) -> dict[str, tuple[list[int], torch.Tensor]]:
+def expected(plain, reference_dir) -> dict[str, tuple[list[int], torch.Tensor]]:
     """prompt -> transformers' greedy tokens and its last-position logits, one generate each."""
     from transformers import AutoModelForCausalLM
 
@@ -60,7 +67,7 @@ def expected(loaded, reference_dir) -> dict[str, tuple[list[int], torch.Tensor]]
     model.generation_config.eos_token_id = None  # compare a fixed number of tokens
     results = {}
     for prompt, num_tokens in [*((p, NUM_TOKENS) for p in PROMPTS), (LONG_PROMPT, LONG_NUM_TOKENS)]:
-        ids = loaded.tokenizer.tokenizer(prompt).input_ids
+        ids = plain.tokenizer.tokenizer(prompt).input_ids
         with torch.inference_mode():
             out = model.generate(
                 torch.tensor([ids]),
@@ -121,15 +128,15 @@ def greedy_with_engine(loaded, prompts: list[list[int]], num_tokens: int, max_mo
     return [seq.output_ids for seq in sequences]
 
 
-def test_prompts_tokenize_with_bos_as_transformers_does(loaded, reference_dir):
+def test_prompts_tokenize_with_bos_as_transformers_does(plain, reference_dir):
     from transformers import AutoTokenizer
 
     expected = AutoTokenizer.from_pretrained(str(reference_dir))
     for prompt in [*PROMPTS, LONG_PROMPT]:
-        ids = loaded.tokenizer.tokenizer(prompt).input_ids
+        ids = plain.tokenizer.tokenizer(prompt).input_ids
         assert ids == expected(prompt).input_ids
-        assert ids[0] == loaded.tokenizer.bos_token_id == 2
-    assert loaded.tokenizer.eos_token_ids == {1}  # the GGUF names no end-of-turn token
+        assert ids[0] == plain.tokenizer.bos_token_id == 2
+    assert plain.tokenizer.eos_token_ids == {1}  # the GGUF names no end-of-turn token
 
 
 def test_greedy_continuations_match_transformers_token_for_token(loaded, expected):
@@ -154,9 +161,9 @@ def test_last_position_logits_agree_within_1e_3(loaded, expected, prompt):
     assert (actual - expected[prompt][1]).abs().max().item() < 1e-3
 
 
-def test_hugging_face_directory_loads_the_same_model(loaded, reference_dir):
+def test_hugging_face_directory_loads_the_same_model(plain, reference_dir):
     from_directory = load(resolve_model(str(reference_dir)), torch.float32)
-    assert from_directory.config == loaded.config
-    expected = dict(loaded.model.named_parameters())
+    assert from_directory.config == plain.config
+    expected = dict(plain.model.named_parameters())
     for name, parameter in from_directory.model.named_parameters():
         assert torch.equal(parameter, expected[name]), name

@@ -1,0 +1,42 @@
+"""What every engine benchmark prints and builds the same way: the machine, and dpgate's engine
+in a named configuration (the served default, or the same dtype and weights on torch's kernels)."""
+
+from __future__ import annotations
+
+import os
+
+
+def describe_machine() -> str:
+    """CPU model and the flags numerics are chosen by, torch threads and torch's own kernel level."""
+    import torch
+
+    from engines.cpu import cpu_info
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    forced = {name: os.environ[name] for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if name in os.environ}
+    extra = f", forced {forced}" if forced else ""
+    return f"CPU: {cpu_info().describe()}; {torch.get_num_threads()} torch threads, torch kernels {capability}{extra}"
+
+
+def engine_numerics(batch_invariant: bool = True, isa: str | None = None, dtype: str = "auto", quantization="int8"):
+    """dpgate's numerics as `dpgate engine` would choose them; `isa` caps the kernels' instruction
+    set (e.g. "avx2" on an AVX-512 machine, to measure what an AVX2-only CPU would run)."""
+    from engines import kernels
+    from engines.cpu import cpu_info
+    from engines.numerics import KERNEL_ISAS, choose_numerics
+
+    isas = kernels.supported_isas() if batch_invariant else ()
+    if isa is not None:
+        if isa not in isas:
+            raise SystemExit(f"--isa {isa}: this CPU's kernels run {', '.join(isas)}")
+        isas = KERNEL_ISAS[KERNEL_ISAS.index(isa) :]
+    return choose_numerics(dtype, quantization, batch_invariant, cpu_info(), isas)
+
+
+def transformers_dtype():
+    """The dtype transformers runs fastest in here: bfloat16 only where the CPU computes it natively."""
+    import torch
+
+    from engines.cpu import cpu_info
+
+    return torch.bfloat16 if cpu_info().has_native_bf16 else torch.float32
