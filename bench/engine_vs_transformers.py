@@ -4,8 +4,11 @@ Both sides decode greedily from the same prompt for the same number of tokens. D
 (tokens - 1) / (time from the first generated token to the last), so prompt processing and
 start-up do not count. The dpgate engine is measured through its core (`LLMEngine.step`), the
 loop that serves gRPC calls; transformers through `generate`, timed by a logits processor.
+dpgate runs as served (batch-invariant kernels, float32 activations over int8 weights), on
+torch's kernels with the same dtype and weights (what invariance costs at batch 1), and as it
+was served before the kernels (torch, bfloat16 + int8). The CPU and its flags are printed.
 
-    python bench/engine_vs_transformers.py [--tokens 128] [--repeats 3]
+    python bench/engine_vs_transformers.py [--tokens 128] [--repeats 3] [--isa avx2]
 """
 
 from __future__ import annotations
@@ -14,23 +17,22 @@ import argparse
 import time
 
 import torch
+from machine import describe_machine, engine_numerics
 from step_clock import timed_greedy_generate
 
 from dpgate.v1 import generate_pb2 as pb
 from engines.engine import LLMEngine
-from engines.loader import load
+from engines.loader import load_for_serving
 from engines.model_runner import ModelRunner
 from engines.model_source import resolve_model
-from engines.quantization import quantize_int8_weight_only
+from engines.numerics import Numerics
 from engines.request_builder import ModelLimits, build_sequence
 
 PROMPT = "The history of the printing press begins"
 
 
-def dpgate_decode_rate(dtype: torch.dtype, num_tokens: int, quantization: str = "none") -> float:
-    loaded = load(resolve_model("smollm2-135m-instruct"), dtype)
-    if quantization == "int8":
-        quantize_int8_weight_only(loaded.model)
+def dpgate_decode_rate(numerics: Numerics, num_tokens: int) -> float:
+    loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), numerics)
     engine = LLMEngine(ModelRunner(loaded, 1024))
     limits = ModelLimits("m", loaded.config.vocab_size, 1024, loaded.tokenizer.eos_token_ids)
     request = pb.GenerateRequest(
@@ -65,28 +67,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--isa", choices=["avx512", "avx2", "scalar"], help="cap dpgate's kernel instruction set")
     args = parser.parse_args()
-    print(
-        f"SmolLM2-135M-Instruct, single stream, {args.tokens} greedy tokens, best of {args.repeats}, "
-        f"{torch.get_num_threads()} torch threads"
-    )
+    print(f"SmolLM2-135M-Instruct, single stream, {args.tokens} greedy tokens, best of {args.repeats}")
+    print(describe_machine())
+    served = engine_numerics(True, args.isa)
+    configurations = {
+        f"dpgate served: {served.dtype}+int8 {served.kernels}": (dpgate_decode_rate, served),
+        f"dpgate {served.dtype}+int8 torch kernels": (dpgate_decode_rate, engine_numerics(False, dtype=served.dtype)),
+        "dpgate bf16+int8 torch (the old default)": (dpgate_decode_rate, engine_numerics(False, dtype="bfloat16")),
+        "transformers bf16": (transformers_decode_rate, torch.bfloat16),
+        "transformers fp32": (transformers_decode_rate, torch.float32),
+    }
     rates = {}
-    for name, measure, extra in (
-        ("dpgate bf16+int8 (served)", dpgate_decode_rate, (torch.bfloat16, args.tokens, "int8")),
-        ("dpgate bf16", dpgate_decode_rate, (torch.bfloat16, args.tokens)),
-        ("dpgate fp32", dpgate_decode_rate, (torch.float32, args.tokens)),
-        ("transformers bf16", transformers_decode_rate, (torch.bfloat16, args.tokens)),
-        ("transformers fp32", transformers_decode_rate, (torch.float32, args.tokens)),
-    ):
-        rates[name] = best_of(args.repeats, measure, *extra)
-        print(f"  {name:<26} {rates[name]:7.1f} tok/s")
-    print("ratios (dpgate / transformers):")
-    for ours, theirs in (
-        ("dpgate bf16+int8 (served)", "transformers bf16"),
-        ("dpgate bf16", "transformers bf16"),
-        ("dpgate fp32", "transformers fp32"),
-    ):
-        print(f"  {ours} / {theirs}: {rates[ours] / rates[theirs]:.2f}x")
+    for name, (measure, setting) in configurations.items():
+        rates[name] = best_of(args.repeats, measure, setting, args.tokens)
+        print(f"  {name:<52} {rates[name]:7.1f} tok/s")
+    names = list(configurations)
+    print("ratios:")
+    print(f"  batch-invariant / torch kernels (same dtype, same weights): {rates[names[0]] / rates[names[1]]:.2f}x")
+    print(f"  served / transformers bf16: {rates[names[0]] / rates[names[3]]:.2f}x")
+    print(f"  served / transformers fp32: {rates[names[0]] / rates[names[4]]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from torch import nn
 
 from engines.gguf_reader import GGUFFile
 from engines.model_config import ModelConfig
-from engines.models.llama import LlamaForCausalLM, RotaryEmbedding
+from engines.models.llama import LlamaForCausalLM
 
 _GGUF_LAYER_NAMES = {
     "attn_norm": "input_layernorm.weight",
@@ -181,8 +181,6 @@ def build_model(
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]
     model.load_state_dict(state, strict=False, assign=True)
-    if isinstance(model, LlamaForCausalLM):  # its rotary tables are buffers, left empty on the meta device
-        model.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
     missing = [name for name, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")

@@ -18,7 +18,7 @@ from torch import nn
 
 from engines.attention import AttentionMetadata, KVCache
 from engines.model_config import ModelConfig
-from engines.models.llama import LlamaAttention, LlamaMLP, RMSNorm, rms_normalize
+from engines.models.llama import LlamaAttention, LlamaMLP, RMSNorm, rms_normalize, uninitialized_embedding
 
 RopeTables = tuple[torch.Tensor, torch.Tensor]
 
@@ -95,7 +95,7 @@ class Gemma3ForCausalLM(nn.Module):
         if len(config.is_sliding) != config.num_layers:
             raise ValueError(f"is_sliding has {len(config.is_sliding)} entries for {config.num_layers} layers")
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = uninitialized_embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

@@ -17,6 +17,12 @@ from engines.attention import AttentionMetadata, KVCache, attend
 from engines.model_config import ModelConfig
 
 
+def uninitialized_embedding(num_embeddings: int, embedding_dim: int) -> nn.Embedding:
+    """An embedding whose weight the checkpoint fills: skipping the random init matters because
+    nn.Embedding's normal_ on the meta device imports torch's compiler stack (a second of start-up)."""
+    return nn.Embedding(num_embeddings, embedding_dim, _weight=torch.empty(num_embeddings, embedding_dim))
+
+
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
     """`x` divided by its root mean square over the last dimension, computed in float32."""
     x = x.float()
@@ -40,8 +46,11 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float):
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.int64).float(), inv_freq)
+        # Always on the CPU, even while the model is built on the meta device: the tables are
+        # computed, not loaded (and meta tensor math would import torch's compiler stack).
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
+        inv_freq = 1.0 / (theta**exponents)
+        angles = torch.outer(torch.arange(max_positions, dtype=torch.int64, device="cpu").float(), inv_freq)
         angles = torch.cat((angles, angles), dim=-1)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
@@ -142,7 +151,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = uninitialized_embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
