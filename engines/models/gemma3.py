@@ -18,9 +18,14 @@ from torch import nn
 
 from engines.attention import AttentionMetadata, KVCache
 from engines.model_config import ModelConfig
-from engines.models.llama import LlamaAttention, LlamaMLP, RMSNorm, rms_normalize, uninitialized_embedding
-
-RopeTables = tuple[torch.Tensor, torch.Tensor]
+from engines.models.llama import (
+    LlamaAttention,
+    LlamaMLP,
+    RMSNorm,
+    RotaryEmbedding,
+    rms_normalize,
+    uninitialized_embedding,
+)
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -32,16 +37,6 @@ class GemmaRMSNorm(RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (rms_normalize(x, self.eps) * (1.0 + self.weight.float())).to(x.dtype)
-
-
-def rope_tables(positions: torch.Tensor, head_dim: int, theta: float, factor: float, dtype: torch.dtype) -> RopeTables:
-    """cos and sin [tokens, head_dim] (rotate-half layout) for `positions` [tokens]; computed in
-    float32 once per step and shared by every layer of that kind. `factor` is linear scaling."""
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions.device).float() / head_dim
-    inv_freq = 1.0 / (theta**exponents) / factor
-    angles = positions[:, None].float() * inv_freq[None, :]
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 class Gemma3Attention(LlamaAttention):
@@ -99,6 +94,10 @@ class Gemma3ForCausalLM(nn.Module):
         self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        head_dim, max_positions = config.head_dim, config.max_position_embeddings
+        local_theta = config.rope_local_theta or config.rope_theta
+        self.rotary_local = RotaryEmbedding(head_dim, max_positions, local_theta)
+        self.rotary_global = RotaryEmbedding(head_dim, max_positions, config.rope_theta, config.rope_scaling_factor)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
@@ -107,11 +106,8 @@ class Gemma3ForCausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)
         # The scale is rounded to float32 and then to the model dtype, as transformers does.
         hidden = hidden * torch.tensor(config.hidden_size**0.5).to(hidden.dtype)
-        local_theta = config.rope_local_theta or config.rope_theta
-        local = rope_tables(meta.positions, config.head_dim, local_theta, 1.0, hidden.dtype)
-        global_ = rope_tables(
-            meta.positions, config.head_dim, config.rope_theta, config.rope_scaling_factor, hidden.dtype
-        )
+        local = self.rotary_local.tables(meta.positions, hidden.dtype)
+        global_ = self.rotary_global.tables(meta.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, local if layer.is_sliding else global_, cache, meta)
         logits = self.lm_head(self.norm(hidden[meta.logits_indices])).float()

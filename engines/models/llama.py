@@ -42,24 +42,45 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed float32 cos/sin tables, [max_positions, head_dim], in the rotate-half layout."""
+    """cos/sin tables in the rotate-half layout, float32, for positions below `max_positions`.
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float):
+    Tables are computed in blocks of ROTARY_BLOCK positions as positions are first used (a model
+    with a 128k context does not hold 128k rows it never reaches), always with the same shapes
+    and the same ops, so a position's values never depend on which step first needed them.
+    `scaling_factor` divides the frequencies (linear rope scaling)."""
+
+    ROTARY_BLOCK = 1024
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling_factor: float = 1.0):
         super().__init__()
         # Always on the CPU, even while the model is built on the meta device: the tables are
         # computed, not loaded (and meta tensor math would import torch's compiler stack).
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim
-        inv_freq = 1.0 / (theta**exponents)
-        angles = torch.outer(torch.arange(max_positions, dtype=torch.int64, device="cpu").float(), inv_freq)
-        angles = torch.cat((angles, angles), dim=-1)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.inv_freq = 1.0 / (theta**exponents) / scaling_factor
+        self.max_positions = max_positions
+        self.cos_half = torch.empty(0, head_dim // 2, device="cpu")  # [computed positions, head_dim / 2]
+        self.sin_half = torch.empty(0, head_dim // 2, device="cpu")
+
+    def _extend(self, num_positions: int) -> None:
+        blocks_cos, blocks_sin = [self.cos_half], [self.sin_half]
+        for start in range(self.cos_half.shape[0], num_positions, self.ROTARY_BLOCK):
+            positions = torch.arange(start, start + self.ROTARY_BLOCK, dtype=torch.int64, device="cpu").float()
+            angles = positions[:, None] * self.inv_freq[None, :]
+            blocks_cos.append(angles.cos())
+            blocks_sin.append(angles.sin())
+        self.cos_half, self.sin_half = torch.cat(blocks_cos), torch.cat(blocks_sin)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for `positions` [tokens], in `dtype`; looked up once per step, used by every layer."""
-        if positions.numel() and int(positions.max()) >= self.cos.shape[0]:
-            raise ValueError(f"position {int(positions.max())} is beyond the rotary table ({self.cos.shape[0]})")
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+        """cos and sin [tokens, head_dim] for `positions` [tokens], in `dtype`; looked up once per
+        step, used by every layer."""
+        if positions.numel():
+            deepest = int(positions.max())
+            if deepest >= self.max_positions:
+                raise ValueError(f"position {deepest} is beyond the rotary table ({self.max_positions})")
+            if deepest >= self.cos_half.shape[0]:
+                self._extend(deepest + 1)
+        cos, sin = self.cos_half[positions], self.sin_half[positions]
+        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((sin, sin), dim=-1).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
