@@ -80,7 +80,8 @@ def sample(
         token_id = int(torch.multinomial(probs, 1, generator=generator))
     if params.top_logprobs is None:
         return SampledToken(token_id)
-    logprobs = raw_logits.log_softmax(-1)
+    # In float64, then reported as float32: the CPU's vector exp and log cannot show in the result.
+    logprobs = raw_logits.double().log_softmax(-1).float()
     top = ()
     if params.top_logprobs:
         values, ids = torch.topk(logprobs, params.top_logprobs)

@@ -65,9 +65,11 @@ class RotaryEmbedding(nn.Module):
         blocks_cos, blocks_sin = [self.cos_half], [self.sin_half]
         for start in range(self.cos_half.shape[0], num_positions, self.ROTARY_BLOCK):
             positions = torch.arange(start, start + self.ROTARY_BLOCK, dtype=torch.int64, device="cpu").float()
-            angles = positions[:, None] * self.inv_freq[None, :]
-            blocks_cos.append(angles.cos())
-            blocks_sin.append(angles.sin())
+            # The float32 angle, as transformers computes it; cos and sin in float64 rounded to
+            # float32, so the tables do not depend on the CPU's vector math library either.
+            angles = (positions[:, None] * self.inv_freq[None, :]).double()
+            blocks_cos.append(angles.cos().float())
+            blocks_sin.append(angles.sin().float())
         self.cos_half, self.sin_half = torch.cat(blocks_cos), torch.cat(blocks_sin)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,0 +1,33 @@
+"""The kernels give the scalar reference's bits on every instruction set, and the rest of the
+served path does not lean on the CPU's vector math either (rotary tables and logprobs are
+computed in float64, then rounded): greedy tokens and logprobs are identical whichever of this
+CPU's instruction sets runs them, with torch's own kernels capped to match. On an AVX2-only
+machine that compares AVX2 with the reference; on an AVX-512 one all three."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from engines import kernels
+
+# torch's own dispatch level for each kernel instruction set ("default" is its baseline code).
+ATEN_CAPABILITY = {"avx512": "avx512", "avx2": "avx2", "scalar": "default"}
+
+
+def probe(isa: str) -> dict:
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=ATEN_CAPABILITY[isa])
+    command = [sys.executable, "-m", "tests.engines.greedy_probe", isa]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_every_instruction_set_gives_the_same_tokens_and_logprobs():
+    results = {isa: probe(isa) for isa in kernels.supported_isas()}
+    assert {isa: r["kernels"] for isa, r in results.items()} == {isa: f"batch-invariant/{isa}" for isa in results}
+    reference = results["scalar"]["outputs"]
+    assert len(reference) == 3 and all(len(tokens) == 12 for tokens in reference.values())
+    for isa, result in results.items():
+        assert result["outputs"] == reference, f"{isa} differs from the scalar reference"
