@@ -2,8 +2,9 @@
 
 64 requests of 256 prompt tokens each generate 128 tokens (eos ignored) with 16 in flight. dpgate
 runs them with continuous batching through its engine core (`LLMEngine`, the loop behind the gRPC
-server) twice: as served (batch-invariant kernels; float32 activations over int8 weights) and on
-torch's kernels with the same dtype and weights, which is what batch invariance costs.
+server) three times: as served (batch-invariant kernels; float32 activations over int8 weights),
+on torch's kernels with the same dtype and weights (what batch invariance costs), and as served
+before the kernels existed (torch's kernels, bfloat16 + int8).
 transformers runs them one at a time (`generate`) and with its own static batching (16 prompts
 per `generate` call, one batch after another), in bfloat16 where the CPU has it natively and
 float32 elsewhere. Greedy everywhere. Each system runs in its own subprocess so peak memory (max
@@ -59,7 +60,9 @@ def summarize(name, started, finished, first_token, done, num_tokens) -> dict:
     }
 
 
-def run_dpgate(num_requests: int, profile: bool, batch_invariant: bool, isa: str | None) -> dict:
+def run_dpgate(num_requests: int, profile: bool, kernels: str, isa: str | None) -> dict:
+    """kernels: "served" (batch-invariant), "torch" (same dtype and weights on torch's kernels) or
+    "old-default" (torch's kernels in bfloat16 + int8, as served before the kernels existed)."""
     from machine import engine_numerics
 
     from dpgate.v1 import generate_pb2 as pb
@@ -71,7 +74,11 @@ def run_dpgate(num_requests: int, profile: bool, batch_invariant: bool, isa: str
     from engines.scheduler import SchedulerConfig
 
     served = engine_numerics(True, isa)
-    numerics = served if batch_invariant else engine_numerics(False, dtype=served.dtype)
+    numerics = {
+        "served": served,
+        "torch": engine_numerics(False, dtype=served.dtype),
+        "old-default": engine_numerics(False, dtype="bfloat16"),
+    }[kernels]
     loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), numerics)
     max_len = PROMPT_TOKENS + OUTPUT_TOKENS
     runner = ModelRunner(loaded, max_len, num_blocks=CONCURRENCY * max_len // 16 + 16, block_size=16)
@@ -170,11 +177,13 @@ def main() -> None:
     parser.add_argument("--isa", choices=["avx512", "avx2", "scalar"], help="cap dpgate's kernel instruction set")
     parser.add_argument("--no-transformers", action="store_true", help="measure dpgate only")
     parser.add_argument(
-        "--system", choices=["dpgate", "dpgate-torch", "transformers-sequential", "transformers-static"]
+        "--system",
+        choices=["dpgate", "dpgate-torch", "dpgate-old-default", "transformers-sequential", "transformers-static"],
     )
     args = parser.parse_args()
-    if args.system in ("dpgate", "dpgate-torch"):
-        print(json.dumps(run_dpgate(args.requests, args.profile, args.system == "dpgate", args.isa)))
+    if args.system is not None and args.system.startswith("dpgate"):
+        kernels = {"dpgate": "served", "dpgate-torch": "torch", "dpgate-old-default": "old-default"}[args.system]
+        print(json.dumps(run_dpgate(args.requests, args.profile, kernels, args.isa)))
         return
     if args.system == "transformers-sequential":
         print(json.dumps(run_transformers(args.requests, 1)))
@@ -194,6 +203,7 @@ def main() -> None:
     results = [
         in_subprocess("--system", "dpgate", "--requests", str(args.requests), *isa, *profile),
         in_subprocess("--system", "dpgate-torch", "--requests", str(args.requests), *profile),
+        in_subprocess("--system", "dpgate-old-default", "--requests", str(args.requests)),
     ]
     if not args.no_transformers:
         results += [
@@ -211,7 +221,8 @@ def main() -> None:
     ours = results[0]["output_tokens_per_s"]
     torch_rate = results[1]["output_tokens_per_s"]
     print(f"batch-invariant / torch kernels (same dtype, same weights): {ours / torch_rate:.2f}x")
-    for peer in results[2:]:
+    print(f"served / the old default (bf16+int8 on torch's kernels): {ours / results[2]['output_tokens_per_s']:.2f}x")
+    for peer in results[3:]:
         print(f"dpgate served / {peer['system']}: {ours / peer['output_tokens_per_s']:.2f}x")
 
 
