@@ -13,7 +13,8 @@ def describe_machine() -> str:
     from engines.cpu import cpu_info
 
     capability = torch.backends.cpu.get_cpu_capability()
-    forced = {name: os.environ[name] for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if name in os.environ}
+    capped = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
+    forced = {name: os.environ[name] for name in capped if name in os.environ}
     extra = f", forced {forced}" if forced else ""
     return f"CPU: {cpu_info().describe()}; {torch.get_num_threads()} torch threads, torch kernels {capability}{extra}"
 
@@ -33,10 +34,12 @@ def engine_numerics(batch_invariant: bool = True, isa: str | None = None, dtype:
     return choose_numerics(dtype, quantization, batch_invariant, cpu_info(), isas)
 
 
-def transformers_dtype():
-    """The dtype transformers runs fastest in here: bfloat16 only where the CPU computes it natively."""
+def transformers_dtype(isa: str | None = None):
+    """The dtype transformers runs fastest in: bfloat16 only where the CPU computes it natively
+    (not when the bench emulates an AVX2-only CPU with `--isa avx2`)."""
     import torch
 
     from engines.cpu import cpu_info
 
-    return torch.bfloat16 if cpu_info().has_native_bf16 else torch.float32
+    native = cpu_info().has_native_bf16 and isa not in ("avx2", "scalar")
+    return torch.bfloat16 if native else torch.float32

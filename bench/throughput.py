@@ -14,7 +14,9 @@ RSS) is its own. The CPU and its flags are printed with the figures.
 
 Sequential transformers is slow (about 20 tokens/s); `--sequential-requests` runs it on the
 first N requests only and says so: its tokens/s is a rate and does not depend on N. `--isa avx2`
-caps dpgate's kernels at AVX2 (what an AVX2-only CPU runs); `--no-transformers` skips the peers.
+caps dpgate's kernels at AVX2 and runs transformers in float32, as on an AVX2-only CPU (cap
+torch too: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2);
+`--no-transformers` skips the peers.
 """
 
 from __future__ import annotations
@@ -132,7 +134,7 @@ def profile_decode_step(engine) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12), file=sys.stderr)
 
 
-def run_transformers(num_requests: int, batch_size: int) -> dict:
+def run_transformers(num_requests: int, batch_size: int, isa: str | None) -> dict:
     import torch
     from machine import transformers_dtype
     from transformers import AutoModelForCausalLM
@@ -140,7 +142,7 @@ def run_transformers(num_requests: int, batch_size: int) -> dict:
     from engines.model_source import resolve_model
 
     path = resolve_model("smollm2-135m-instruct").path
-    dtype = transformers_dtype()
+    dtype = transformers_dtype(isa)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype).eval()
     prompts = make_prompts(num_requests)
     started, first_token, done = [], [], []
@@ -186,10 +188,10 @@ def main() -> None:
         print(json.dumps(run_dpgate(args.requests, args.profile, kernels, args.isa)))
         return
     if args.system == "transformers-sequential":
-        print(json.dumps(run_transformers(args.requests, 1)))
+        print(json.dumps(run_transformers(args.requests, 1, args.isa)))
         return
     if args.system == "transformers-static":
-        print(json.dumps(run_transformers(args.requests, CONCURRENCY)))
+        print(json.dumps(run_transformers(args.requests, CONCURRENCY, args.isa)))
         return
 
     from machine import describe_machine
@@ -207,8 +209,8 @@ def main() -> None:
     ]
     if not args.no_transformers:
         results += [
-            in_subprocess("--system", "transformers-static", "--requests", str(args.requests)),
-            in_subprocess("--system", "transformers-sequential", "--requests", str(args.sequential_requests)),
+            in_subprocess("--system", "transformers-static", "--requests", str(args.requests), *isa),
+            in_subprocess("--system", "transformers-sequential", "--requests", str(args.sequential_requests), *isa),
         ]
     header = f"{'system':<52}{'reqs':>5}{'out tok/s':>11}{'TTFT p50/p99 ms':>20}{'TPOT p50/p99 ms':>18}{'peak MB':>9}"
     print(header)
