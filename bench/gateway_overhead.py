@@ -138,9 +138,12 @@ async def measure(address: str, proxy_pid: int | None, args: argparse.Namespace)
 
 
 def report(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
+    from machine import describe_machine
+
     print(f"\nsynthetic engine, {args.tokens} tokens a call ({args.tokens + 2} messages a stream); "
           f"{args.calls} sequential calls for latency, {args.duration:.0f} s per throughput run; "
           f"{os.cpu_count()} CPUs shared by client, engine and proxy")  # fmt: skip
+    print(describe_machine(with_torch=False))
     direct = targets["direct"]
     for name, results in targets.items():
         print(f"\n{name}")

@@ -6,11 +6,14 @@ from __future__ import annotations
 import os
 
 
-def describe_machine() -> str:
-    """CPU model and the flags numerics are chosen by, torch threads and torch's own kernel level."""
-    import torch
-
+def describe_machine(with_torch: bool = True) -> str:
+    """CPU model and the flags numerics are chosen by; with torch, its threads and kernel level
+    (the gateway bench passes False: a gateway host needs no torch)."""
     from engines.cpu import cpu_info
+
+    if not with_torch:
+        return f"CPU: {cpu_info().describe()}; {os.cpu_count()} cores"
+    import torch
 
     capability = torch.backends.cpu.get_cpu_capability()
     capped = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS")
