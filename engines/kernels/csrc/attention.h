@@ -6,6 +6,8 @@
 //   score_j = hsum(lanes of the fma chain over d in groups of eight) * scale
 //   m = max_j score_j;  e_j = exp(score_j - m);  s = sum_j e_j (eight lanes, then hsum)
 //   out[d] = (fma chain over j = lo..p of e_j * v_j[d]) / s
+// (hsum is vec.h's one tree). Heads sharing a kv head are computed together to share key and
+// value reads; that changes which registers hold a chain, never the chain.
 // Nothing depends on the other queries of the step, on how many tokens the step or the query's
 // own chunk holds, or on padding: a token gets the same attention output in a prefill chunk of
 // any length and in a decode. Keys are visited in position order, eight per group from lo, and
@@ -21,6 +23,82 @@
 #include "vec.h"
 
 namespace dpgate {
+
+// Query heads that share a kv head are computed together, so key and value rows are read once
+// for several heads; each head's arithmetic is unchanged by that. The pass sizes keep every
+// accumulator in one of AVX2's 16 registers: scores 2 heads x 4 keys, values 3 heads x 3 vectors.
+constexpr int kScoreHeads = 2;
+constexpr int kValueHeads = 3;
+constexpr int kValueVectors = 3;
+
+// Scores of heads h0..h0+HB-1 for keys first..first+7: four keys per pass (HB x 4 accumulators),
+// each score hsum(eight-lane fma chain over d) written to scores[h * padded + first + l].
+template <class V, class KV, int HB>
+inline void score_keys(const float* q, const KV* const* key, int64_t D, int64_t h0, float* scores, int64_t padded,
+                       int64_t first) {
+  using reg = typename V::reg;
+  constexpr int L = V::L;
+  for (int half = 0; half < L; half += 4) {
+    reg acc[HB][4];
+    for (int h = 0; h < HB; ++h)
+      for (int l = 0; l < 4; ++l) acc[h][l] = V::zero();
+    for (int64_t d = 0; d < D; d += L) {
+      reg qv[HB];
+#pragma GCC unroll 3
+      for (int h = 0; h < HB; ++h) qv[h] = V::load(q + (h0 + h) * D + d);
+#pragma GCC unroll 4
+      for (int l = 0; l < 4; ++l) {
+        const reg k = V::load(key[half + l] + d);
+#pragma GCC unroll 3
+        for (int h = 0; h < HB; ++h) acc[h][l] = V::fma(qv[h], k, acc[h][l]);
+      }
+    }
+#pragma GCC unroll 3
+    for (int h = 0; h < HB; ++h) V::hsum4(acc[h], scores + (h0 + h) * padded + first + half);
+  }
+}
+
+// out[h][d0 .. d0 + width * L) = (fma chain over the keys of e[h][i] * v_i[d]) / sum[h], for
+// heads h0..h0+HB-1 and `width` (1..kValueVectors) vectors of L columns.
+template <class V, class KV, int HB, int VW>
+inline void weigh_values(const float* e, int64_t padded, const float* sums, const KV* values,
+                         const int64_t* slots, int64_t n, int64_t D, int64_t d0, int64_t h0, float* out) {
+  using reg = typename V::reg;
+  constexpr int L = V::L;
+  reg acc[HB][VW];
+  for (int h = 0; h < HB; ++h)
+    for (int c = 0; c < VW; ++c) acc[h][c] = V::zero();
+  for (int64_t i = 0; i < n; ++i) {
+    const KV* v = values + slots[i] * D + d0;
+    reg w[HB];
+#pragma GCC unroll 3
+    for (int h = 0; h < HB; ++h) w[h] = V::set1(e[(h0 + h) * padded + i]);
+#pragma GCC unroll 3
+    for (int c = 0; c < VW; ++c) {
+      const reg x = V::load(v + c * L);
+#pragma GCC unroll 3
+      for (int h = 0; h < HB; ++h) acc[h][c] = V::fma(w[h], x, acc[h][c]);
+    }
+  }
+#pragma GCC unroll 3
+  for (int h = 0; h < HB; ++h) {
+    const reg sum = V::set1(sums[h0 + h]);
+#pragma GCC unroll 3
+    for (int c = 0; c < VW; ++c) V::store(out + (h0 + h) * D + d0 + c * L, V::div(acc[h][c], sum));
+  }
+}
+
+// Every head of the group for columns d0 .. d0 + VW * L.
+template <class V, class KV, int VW>
+inline void weigh_values_all_heads(const float* e, int64_t padded, const float* sums, const KV* values,
+                                   const int64_t* slots, int64_t n, int64_t D, int64_t d0, int64_t group,
+                                   float* out) {
+  int64_t h0 = 0;
+  for (; h0 + kValueHeads <= group; h0 += kValueHeads)
+    weigh_values<V, KV, kValueHeads, VW>(e, padded, sums, values, slots, n, D, d0, h0, out);
+  if (group - h0 == 2) weigh_values<V, KV, 2, VW>(e, padded, sums, values, slots, n, D, d0, h0, out);
+  if (group - h0 == 1) weigh_values<V, KV, 1, VW>(e, padded, sums, values, slots, n, D, d0, h0, out);
+}
 
 template <class V, class Q, class KV>
 inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, std::vector<float>& scratch,
@@ -43,9 +121,11 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
       if (++offset == g.block_size) offset = 0, ++block;
     }
   }
-  scratch.resize(group * (D + padded));
-  float* q = scratch.data();                // [group, D] float32
-  float* scores = q + group * D;            // [group, padded]
+  scratch.resize(group * (2 * D + padded + 1));
+  float* q = scratch.data();              // [group, D] float32
+  float* scores = q + group * D;          // [group, padded]: scores, then their exponentials
+  float* sums = scores + group * padded;  // [group]
+  float* out = sums + group;              // [group, D] float32
   const Q* q_in = static_cast<const Q*>(g.q) + (t * g.H + kv_head * group) * D;
   for (int64_t i = 0; i < group * D; ++i) {
     if constexpr (std::is_same_v<Q, float>) q[i] = q_in[i];
@@ -54,7 +134,7 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
   const KV* keys = static_cast<const KV*>(g.key_cache) + kv_head * g.num_slots * D;
   const KV* values = static_cast<const KV*>(g.value_cache) + kv_head * g.num_slots * D;
 
-  // Scores, eight keys at a time; lanes past the query's position become -inf.
+  // Scores, eight keys at a time: hsum(...) * scale; lanes past the query's position become -inf.
   reg lane_offsets;
   {
     float offsets[L];
@@ -62,21 +142,19 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
     lane_offsets = V::load(offsets);
   }
   const float neg_inf = -std::numeric_limits<float>::infinity();
+  const reg scale = V::set1(g.scale);
   for (int64_t first = 0; first < padded; first += L) {
     const KV* key[L];
     for (int l = 0; l < L; ++l) key[l] = first + l < n ? keys + slots[first + l] * D : zero_key;
+    int64_t h0 = 0;
+    for (; h0 + kScoreHeads <= group; h0 += kScoreHeads)
+      score_keys<V, KV, kScoreHeads>(q, key, D, h0, scores, padded, first);
+    if (group - h0 == 1) score_keys<V, KV, 1>(q, key, D, h0, scores, padded, first);
     // remaining[l] = n - 1 - (first + l): negative for lanes past the query.
     const reg remaining = V::sub(V::set1(float(n - 1 - first)), lane_offsets);
     for (int64_t h = 0; h < group; ++h) {
-      reg acc[L];
-      for (int l = 0; l < L; ++l) acc[l] = V::zero();
-      for (int64_t d = 0; d < D; d += L) {
-        const reg qv = V::load(q + h * D + d);
-#pragma GCC unroll 8
-        for (int l = 0; l < L; ++l) acc[l] = V::fma(qv, V::load(key[l] + d), acc[l]);
-      }
-      reg s = V::mul(V::hsum8(acc), V::set1(g.scale));
-      V::store(scores + h * padded + first, V::replace_below(remaining, 0.0f, neg_inf, s));
+      float* s = scores + h * padded + first;
+      V::store(s, V::replace_below(remaining, 0.0f, neg_inf, V::mul(V::load(s), scale)));
     }
   }
 
@@ -91,26 +169,18 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
       V::store(e + i, w);
       total = V::add(total, w);
     }
-    const reg sum = V::set1(V::hsum(total));
-
-    Q* out = static_cast<Q*>(g.out) + (t * g.H + kv_head * group + h) * D;
-    for (int64_t d0 = 0; d0 < D; d0 += 8 * L) {
-      const int64_t width = std::min<int64_t>(8 * L, D - d0) / L;  // vectors in this pass
-      reg acc[8];
-      for (int c = 0; c < 8; ++c) acc[c] = V::zero();
-      for (int64_t i = 0; i < n; ++i) {
-        const reg w = V::set1(e[i]);
-        const KV* v = values + slots[i] * D + d0;
-        if (width == 8) {
-#pragma GCC unroll 8
-          for (int c = 0; c < 8; ++c) acc[c] = V::fma(w, V::load(v + c * L), acc[c]);
-        } else {
-          for (int c = 0; c < width; ++c) acc[c] = V::fma(w, V::load(v + c * L), acc[c]);
-        }
-      }
-      for (int c = 0; c < width; ++c) V::store(out + d0 + c * L, V::div(acc[c], sum));
-    }
+    sums[h] = V::hsum(total);
   }
+
+  for (int64_t d0 = 0; d0 < D; d0 += kValueVectors * L) {
+    const int64_t width = std::min<int64_t>(kValueVectors * L, D - d0) / L;
+    const int64_t* at = slots.data();
+    if (width == 3) weigh_values_all_heads<V, KV, 3>(scores, padded, sums, values, at, n, D, d0, group, out);
+    if (width == 2) weigh_values_all_heads<V, KV, 2>(scores, padded, sums, values, at, n, D, d0, group, out);
+    if (width == 1) weigh_values_all_heads<V, KV, 1>(scores, padded, sums, values, at, n, D, d0, group, out);
+  }
+  Q* result = static_cast<Q*>(g.out) + (t * g.H + kv_head * group) * D;
+  for (int64_t i = 0; i < group * D; i += L) V::store(result + i, V::load(out + i));
 }
 
 // Items are (query, kv head) pairs, item = t * KVH + kv_head; this call takes item_begin,

@@ -153,6 +153,10 @@ struct Scalar8 {
     for (int l = 0; l < L; ++l) r.v[l] = hsum(a[l]);
     return r;
   }
+  // out[l] = hsum(a[l]) for l < 4.
+  static DPGATE_INLINE void hsum4(const reg* a, float* out) {
+    for (int l = 0; l < 4; ++l) out[l] = hsum(a[l]);
+  }
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -224,6 +228,11 @@ struct Avx2 {
     __m256 low = _mm256_permute2f128_ps(u0, u1, 0x20);
     __m256 high = _mm256_permute2f128_ps(u0, u1, 0x31);
     return _mm256_add_ps(low, high);
+  }
+  // Four horizontal sums in hsum's order: out[l] = hsum(a[l]) for l < 4.
+  static DPGATE_INLINE void hsum4(const reg* a, float* out) {
+    __m256 quads = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(quads), _mm256_extractf128_ps(quads, 1)));
   }
 };
 #endif
