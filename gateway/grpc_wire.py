@@ -13,6 +13,8 @@ import urllib.parse
 
 import grpc
 
+from gateway.http2 import frames as f
+from gateway.http2.connection import Headers
 from gateway.http2.header_codec import encode_block, encode_literal
 
 CODE_BY_VALUE: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
@@ -59,6 +61,30 @@ def status_trailers(code: grpc.StatusCode, message: str = "", extra: bytes = b""
     if message:
         block += encode_literal(b"grpc-message", encode_message(message))
     return block + extra
+
+
+def reset_status(error_code: int | None) -> tuple[grpc.StatusCode, str]:
+    """What an upstream stream reset means, as gRPC clients map RST_STREAM codes."""
+    if error_code is None:
+        return grpc.StatusCode.UNAVAILABLE, "connection to the engine was lost"
+    if error_code == f.REFUSED_STREAM:
+        return grpc.StatusCode.UNAVAILABLE, "the engine refused the stream"
+    if error_code == f.CANCEL:
+        return grpc.StatusCode.CANCELLED, "the engine cancelled the call"
+    if error_code == f.ENHANCE_YOUR_CALM:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, "the engine asked the gateway to slow down"
+    return grpc.StatusCode.INTERNAL, f"the engine reset the stream (HTTP/2 error {error_code})"
+
+
+def trailer_status(headers: Headers) -> tuple[grpc.StatusCode, str]:
+    code = grpc.StatusCode.UNKNOWN
+    message = ""
+    for name, value in headers:
+        if name == b"grpc-status":
+            code = CODE_BY_VALUE.get(int(value) if value.isdigit() else -1, grpc.StatusCode.UNKNOWN)
+        elif name == b"grpc-message":
+            message = decode_message(value)
+    return code, message
 
 
 def frame_message(payload: bytes) -> bytes:
