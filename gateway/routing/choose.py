@@ -36,7 +36,7 @@ def _choose_pinned(
     served by another rank. A rank no engine owns is the client's mistake (INVALID_ARGUMENT)
     unless it lies below the handshaken DP size: then the deployment has that rank and its engine
     is only missing for now (starting, restarting, refused), so the call may be retried
-    (UNAVAILABLE). Before any handshake the size is unknown and every unowned rank is invalid.
+    (UNAVAILABLE). Before any handshake nothing can be judged, and nothing served: UNAVAILABLE.
     """
     rank = request.rank
     assert rank is not None  # our invariant: only called for pinned requests
@@ -44,6 +44,9 @@ def _choose_pinned(
     if not owners:
         if data_parallel_size is not None and rank < data_parallel_size:
             raise Unavailable(_missing_rank_message(rank, data_parallel_size, engines))
+        if data_parallel_size is None and not engines:
+            # Nothing has handshaken, so no rank can be judged yet: a retry may succeed.
+            raise Unavailable(f"data parallel rank {rank} cannot be served yet: no engine has passed the handshake")
         raise InvalidArgument(_not_connected_message(rank, engines))
     # The handshake keeps ranks unique, so there is one owner; checking each keeps this honest.
     for engine_filter in FILTERS:

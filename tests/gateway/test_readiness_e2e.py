@@ -46,11 +46,11 @@ def test_a_rank_below_the_dp_size_without_its_engine_is_unavailable_until_it_com
         gateway = GatewayProcess([rank_0.address, rank_1.address], *FAST_HEALTH, log_dir=log_dir, name="gateway-ready")
         with grpc.insecure_channel(gateway.address) as channel:
             stub = inference_stub(channel)
-            # No engine has handshaken: the DP size is unknown, so no rank can be told apart.
+            # No engine has handshaken: the DP size is unknown and nothing can be served yet.
             assert health_status(gateway.address) == health_pb2.HealthCheckResponse.NOT_SERVING
             error = pinned_error(stub, "0")
-            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert error.details() == "data parallel rank 0 is not connected to this gateway; connected ranks: []"
+            assert error.code() == grpc.StatusCode.UNAVAILABLE
+            assert error.details() == "data parallel rank 0 cannot be served yet: no engine has passed the handshake"
 
             rank_0.start()
             rank_0.wait_serving()

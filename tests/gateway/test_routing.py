@@ -44,8 +44,8 @@ def test_unknown_rank_is_invalid_argument_listing_connected_ranks():
     )
 
 
-def test_unknown_rank_with_no_engines():
-    with pytest.raises(InvalidArgument, match=r"connected ranks: \[\]"):
+def test_a_pin_before_any_handshake_is_unavailable():
+    with pytest.raises(Unavailable, match="data parallel rank 0 cannot be served yet: no engine has passed"):
         choose([], rank=0)
 
 
@@ -69,10 +69,12 @@ def test_rank_at_or_beyond_the_handshaken_dp_size_is_invalid_argument(rank):
     )
 
 
-def test_unknown_dp_size_keeps_every_unowned_rank_invalid():
-    """Before any handshake the gateway cannot tell a missing rank from a wrong one."""
-    with pytest.raises(InvalidArgument, match=r"connected ranks: \[\]"):
-        choose([], rank=0, data_parallel_size=None)
+@pytest.mark.parametrize("rank", [0, 7])
+def test_unknown_dp_size_makes_every_pin_retryable(rank):
+    """Before any handshake the gateway cannot tell a missing rank from a wrong one, and serves
+    nothing: the state is transient, so the code is too."""
+    with pytest.raises(Unavailable, match="no engine has passed the handshake"):
+        choose([], rank=rank, data_parallel_size=None)
 
 
 def test_owned_pins_and_unpinned_calls_ignore_the_dp_size():
