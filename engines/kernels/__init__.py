@@ -26,6 +26,8 @@ __all__ = [
     "PackedWeight",
     "act_and_mul",
     "attention",
+    "attention_shard",
+    "dcp_combine",
     "linear",
     "load",
     "pack_weight",
@@ -109,9 +111,45 @@ def attention(
     """Causal paged attention, one query at a time. q [T, H, D]; caches [KVH, slots, D];
     block_tables [seqs, blocks] int32; token_seq [T] int32 (each query's row of block_tables);
     positions [T] int64. Returns [T, H, D] in q's dtype."""
+    out, _ = _ops().attention(
+        q, key_cache, value_cache, block_tables, token_seq, positions, block_size, scale, window or 0, isa, 1, 0, 1,
+        False,
+    )  # fmt: skip
+    return out
+
+
+def attention_shard(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    token_seq: torch.Tensor,
+    positions: torch.Tensor,
+    block_size: int,
+    scale: float,
+    window: int | None,
+    dcp_size: int,
+    dcp_rank: int,
+    interleave: int,
+    isa: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over the keys this decode-context-parallel rank holds (position p lives on rank
+    (p // interleave) % dcp_size; block tables count logical blocks of block_size * dcp_size
+    positions). Returns the normalized partial output [T, H, D] and its natural-log LSE [T, H],
+    float32 (-inf, with zeros, where the rank holds none of a query's keys)."""
     return _ops().attention(
-        q, key_cache, value_cache, block_tables, token_seq, positions, block_size, scale, window or 0, isa
-    )
+        q, key_cache, value_cache, block_tables, token_seq, positions, block_size, scale, window or 0, isa,
+        dcp_size, dcp_rank, interleave, True,
+    )  # fmt: skip
+
+
+def dcp_combine(
+    outs: torch.Tensor, lses: torch.Tensor, num_tokens: int, head_offset: int, num_heads: int, isa: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Combine C ranks' partial attention: outs [C, tokens, heads, D], lses [C, tokens, heads]
+    (float32), rows 0..num_tokens-1 of heads head_offset..head_offset+num_heads-1. Returns the
+    output [num_tokens, num_heads, D] and LSE [num_tokens, num_heads] (csrc/dcp.h states the rule)."""
+    return _ops().dcp_combine(outs, lses, num_tokens, head_offset, num_heads, isa)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str) -> torch.Tensor:

@@ -8,6 +8,9 @@
 //   out[d] = (fma chain over j = lo..p of e_j * v_j[d]) / s
 // (hsum is vec.h's one tree). Heads sharing a kv head are computed together to share key and
 // value reads; that changes which registers hold a chain, never the chain.
+// With decode context parallelism (C ranks, interleave I) a rank sees only the keys it holds and
+// also returns each query's natural-log LSE, m + log(s), for the combine (dcp.h); a rank that
+// holds none of a query's keys returns zeros and LSE -inf.
 // Nothing depends on the other queries of the step, on how many tokens the step or the query's
 // own chunk holds, or on padding: a token gets the same attention output in a prefill chunk of
 // any length and in a decode. Keys are visited in position order, eight per group from lo, and
@@ -15,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -100,6 +104,38 @@ inline void weigh_values_all_heads(const float* e, int64_t padded, const float* 
   if (group - h0 == 1) weigh_values<V, KV, 1, VW>(e, padded, sums, values, slots, n, D, d0, h0, out);
 }
 
+// The cache slots of the keys a query at `pos` sees on this rank, in position order: positions
+// lo..pos, and with decode context parallelism only those this rank holds. Position p lives on
+// DCP rank (p / I) % C, in the logical block p / (B * C) of the block table, at local offset
+// ((p % (B * C)) / (I * C)) * I + p % I of that block's B slots here. Returns how many.
+inline int64_t local_key_slots(const AttentionArgs& g, const int32_t* table, int64_t lo, int64_t pos,
+                               std::vector<int64_t>& slots) {
+  const int64_t B = g.block_size;
+  if (g.dcp_size == 1) {  // every key is here: walk the block table, no division per key
+    const int64_t n = pos - lo + 1;
+    slots.resize(n);
+    int64_t block = lo / B, offset = lo % B;
+    for (int64_t i = 0; i < n; ++i) {
+      slots[i] = int64_t(table[block]) * B + offset;
+      if (++offset == B) offset = 0, ++block;
+    }
+    return n;
+  }
+  const int64_t C = g.dcp_size, I = g.interleave, logical = B * C;
+  slots.clear();
+  // Runs of I consecutive positions belong to one rank; this rank holds every C-th run.
+  const int64_t first_run = lo / I;
+  int64_t run = first_run + ((g.dcp_rank - first_run % C) % C + C) % C;
+  for (; run * I <= pos; run += C) {
+    const int64_t begin = std::max(lo, run * I), end = std::min(pos + 1, run * I + I);
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t o = p % logical;
+      slots.push_back(int64_t(table[p / logical]) * B + (o / (I * C)) * I + o % I);
+    }
+  }
+  return int64_t(slots.size());
+}
+
 template <class V, class Q, class KV>
 inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, std::vector<float>& scratch,
                             std::vector<int64_t>& slots, const KV* zero_key) {
@@ -109,17 +145,16 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
   const int64_t D = g.D, group = g.H / g.KVH;
   const int64_t pos = g.positions[t];
   const int64_t lo = g.window > 0 ? std::max<int64_t>(0, pos - g.window + 1) : 0;
-  const int64_t n = pos - lo + 1;
-  const int64_t padded = (n + L - 1) / L * L;
   const int32_t* table = g.block_tables + int64_t(g.token_seq[t]) * g.table_stride;
-
-  slots.resize(n);
-  {  // slot of each visible key, walking the block table (one division per query, not per key)
-    int64_t block = lo / g.block_size, offset = lo % g.block_size;
-    for (int64_t i = 0; i < n; ++i) {
-      slots[i] = int64_t(table[block]) * g.block_size + offset;
-      if (++offset == g.block_size) offset = 0, ++block;
-    }
+  const int64_t n = local_key_slots(g, table, lo, pos, slots);
+  const int64_t padded = (n + L - 1) / L * L;
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  if (n == 0) {  // an empty shard: LSE -inf and zeros, which the combine skips
+    Q* result = static_cast<Q*>(g.out) + (t * g.H + kv_head * group) * D;
+    for (int64_t i = 0; i < group * D; ++i) result[i] = Q(0);
+    if (g.lse != nullptr)
+      for (int64_t h = 0; h < group; ++h) g.lse[t * g.H + kv_head * group + h] = neg_inf;
+    return;
   }
   scratch.resize(group * (2 * D + padded + 1));
   float* q = scratch.data();              // [group, D] float32
@@ -141,7 +176,6 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
     for (int l = 0; l < L; ++l) offsets[l] = float(l);
     lane_offsets = V::load(offsets);
   }
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   const reg scale = V::set1(g.scale);
   for (int64_t first = 0; first < padded; first += L) {
     const KV* key[L];
@@ -170,6 +204,7 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
       total = V::add(total, w);
     }
     sums[h] = V::hsum(total);
+    if (g.lse != nullptr) g.lse[t * g.H + kv_head * group + h] = V::hmax(running) + std::log(sums[h]);
   }
 
   for (int64_t d0 = 0; d0 < D; d0 += kValueVectors * L) {

@@ -1,5 +1,6 @@
 // The kernels on AVX2 + FMA: eight float32 lanes per register. Compiled with -mavx2 -mfma.
 #include "attention.h"
+#include "dcp.h"
 #include "linear.h"
 #include "norm.h"
 
@@ -35,6 +36,10 @@ void rms_norm(const NormArgs& args, int64_t row_begin, int64_t row_end) {
 
 void act_and_mul(const ActArgs& args, int64_t row_begin, int64_t row_end) {
   act_and_mul_dispatch<Avx2>(args, row_begin, row_end);
+}
+
+void dcp_combine(const CombineArgs& args, int64_t row_begin, int64_t row_end) {
+  dcp_combine_rows<Avx2>(args, row_begin, row_end);
 }
 
 }  // namespace dpgate::avx2

@@ -2,6 +2,7 @@
 // baseline CPU with -ffp-contract=off, so every operation is the one written. Every other
 // instruction set must give these bits; they also serve CPUs that have neither AVX2 nor FMA.
 #include "attention.h"
+#include "dcp.h"
 #include "linear.h"
 #include "norm.h"
 
@@ -24,6 +25,10 @@ void rms_norm(const NormArgs& args, int64_t row_begin, int64_t row_end) {
 
 void act_and_mul(const ActArgs& args, int64_t row_begin, int64_t row_end) {
   act_and_mul_dispatch<Scalar8>(args, row_begin, row_end);
+}
+
+void dcp_combine(const CombineArgs& args, int64_t row_begin, int64_t row_end) {
+  dcp_combine_rows<Scalar8>(args, row_begin, row_end);
 }
 
 }  // namespace dpgate::scalar

@@ -48,6 +48,20 @@ struct AttentionArgs {
   int64_t T, H, KVH, D, num_slots, block_size;
   int64_t window;               // > 0: a query at p sees only keys at p - window < key <= p
   float scale;
+  // Decode context parallelism: this rank holds positions p with (p / interleave) % dcp_size ==
+  // dcp_rank; block tables then count logical blocks of block_size * dcp_size positions.
+  int64_t dcp_size, dcp_rank, interleave;
+  float* lse;  // [T, H] natural-log LSE of each query's scores, or nullptr
+};
+
+// Combines C ranks' partial attention (dcp.h): out = sum_n w_n o_n, w_n = exp(lse_n - M) / S.
+struct CombineArgs {
+  const float* outs;  // [C, slot_tokens, slot_heads, D]: each rank's partial outputs
+  const float* lses;  // [C, slot_tokens, slot_heads]
+  int64_t C, slot_tokens, slot_heads, D;
+  int64_t T, head_offset, heads;  // combine rows 0..T-1, heads head_offset .. + heads
+  float* out;                     // [T, heads, D]
+  float* lse;                     // [T, heads]
 };
 
 struct NormArgs {
@@ -79,6 +93,7 @@ struct ActArgs {
                  int64_t item_step);                                                  \
   void rms_norm(const NormArgs& args, int64_t row_begin, int64_t row_end);            \
   void act_and_mul(const ActArgs& args, int64_t row_begin, int64_t row_end);          \
+  void dcp_combine(const CombineArgs& args, int64_t row_begin, int64_t row_end);      \
   }
 
 DPGATE_DECLARE_KERNELS(scalar)

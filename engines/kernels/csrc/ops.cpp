@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "kernels.h"
@@ -116,9 +117,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
   return out;
 }
 
-at::Tensor attention(const at::Tensor& q, const at::Tensor& key_cache, const at::Tensor& value_cache,
-                     const at::Tensor& block_tables, const at::Tensor& token_seq, const at::Tensor& positions,
-                     int64_t block_size, double scale, int64_t window, const std::string& isa_name) {
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& key_cache,
+                                             const at::Tensor& value_cache, const at::Tensor& block_tables,
+                                             const at::Tensor& token_seq, const at::Tensor& positions,
+                                             int64_t block_size, double scale, int64_t window,
+                                             const std::string& isa_name, int64_t dcp_size, int64_t dcp_rank,
+                                             int64_t interleave, bool with_lse) {
   const Isa isa = parse_isa(isa_name);
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "dpgate attention: q must be [T, H, D] and contiguous");
   TORCH_CHECK(key_cache.dim() == 3 && key_cache.is_contiguous() && value_cache.sizes() == key_cache.sizes() &&
@@ -134,13 +138,18 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& key_cache, const at:
   TORCH_CHECK(positions.scalar_type() == at::kLong && positions.numel() == T && positions.is_contiguous(),
               "dpgate attention: positions must be int64 [T]");
   TORCH_CHECK(block_size > 0, "dpgate attention: block_size must be positive");
+  TORCH_CHECK(dcp_size >= 1 && 0 <= dcp_rank && dcp_rank < dcp_size && interleave >= 1 &&
+                  block_size % interleave == 0,
+              "dpgate attention: need 0 <= dcp_rank < dcp_size and an interleave dividing block_size");
   at::Tensor out = at::empty_like(q);
-  if (T == 0) return out;
+  at::Tensor lse = at::empty({with_lse ? T : 0, H}, q.options().dtype(at::kFloat));
+  if (T == 0) return {out, lse};
   AttentionArgs args{q.data_ptr(), out.data_ptr(), activation_dtype(q, "q"),
                      key_cache.data_ptr(), value_cache.data_ptr(), activation_dtype(key_cache, "cache"),
                      block_tables.data_ptr<int32_t>(), block_tables.size(1), token_seq.data_ptr<int32_t>(),
                      positions.data_ptr<int64_t>(), T, H, KVH, D, key_cache.size(1), block_size, window,
-                     static_cast<float>(scale)};
+                     static_cast<float>(scale), dcp_size, dcp_rank, interleave,
+                     with_lse ? lse.data_ptr<float>() : nullptr};
   const int64_t items = T * KVH;
   const int64_t shares = std::min<int64_t>(items, at::get_num_threads());
   at::parallel_for(0, shares, 1, [&](int64_t begin, int64_t end) {
@@ -151,7 +160,33 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& key_cache, const at:
 #endif
     }
   });
-  return out;
+  return {out, lse};
+}
+
+// outs [C, slot_tokens, slot_heads, D], lses [C, slot_tokens, slot_heads] (float32, contiguous):
+// combine rows 0..T-1 of heads head_offset .. head_offset + heads. Returns (out [T, heads, D], lse).
+std::tuple<at::Tensor, at::Tensor> dcp_combine(const at::Tensor& outs, const at::Tensor& lses, int64_t T,
+                                               int64_t head_offset, int64_t heads, const std::string& isa_name) {
+  const Isa isa = parse_isa(isa_name);
+  TORCH_CHECK(outs.dim() == 4 && outs.scalar_type() == at::kFloat && outs.is_contiguous() && lses.dim() == 3 &&
+                  lses.scalar_type() == at::kFloat && lses.is_contiguous() &&
+                  lses.sizes() == outs.sizes().slice(0, 3),
+              "dpgate dcp_combine: outs [C, tokens, heads, D] and lses [C, tokens, heads], float32, contiguous");
+  const int64_t C = outs.size(0), D = outs.size(3);
+  TORCH_CHECK(C >= 1 && C <= 64 && D % 8 == 0, "dpgate dcp_combine: 1..64 ranks and a head size multiple of 8");
+  TORCH_CHECK(0 <= T && T <= outs.size(1) && 0 <= head_offset && heads >= 0 && head_offset + heads <= outs.size(2),
+              "dpgate dcp_combine: rows or heads out of range");
+  at::Tensor out = at::empty({T, heads, D}, outs.options());
+  at::Tensor lse = at::empty({T, heads}, outs.options());
+  CombineArgs args{outs.data_ptr<float>(), lses.data_ptr<float>(), C, outs.size(1), outs.size(2), D,
+                   T, head_offset, heads, out.data_ptr<float>(), lse.data_ptr<float>()};
+  at::parallel_for(0, T * heads, 16, [&](int64_t begin, int64_t end) {
+    if (isa == Isa::kScalar) scalar::dcp_combine(args, begin, end);
+#if defined(__x86_64__)
+    else avx2::dcp_combine(args, begin, end);
+#endif
+  });
+  return {out, lse};
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const std::string& isa_name) {
@@ -204,8 +239,11 @@ TORCH_LIBRARY(dpgate, m) {
   m.def("linear(Tensor x, Tensor packed, Tensor? scales, int out_features, str isa) -> Tensor", &dpgate::linear);
   m.def(
       "attention(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor token_seq, "
-      "Tensor positions, int block_size, float scale, int window, str isa) -> Tensor",
+      "Tensor positions, int block_size, float scale, int window, str isa, int dcp_size, int dcp_rank, "
+      "int interleave, bool with_lse) -> (Tensor, Tensor)",
       &dpgate::attention);
+  m.def("dcp_combine(Tensor outs, Tensor lses, int T, int head_offset, int heads, str isa) -> (Tensor, Tensor)",
+        &dpgate::dcp_combine);
   m.def("rms_norm(Tensor x, Tensor weight, float eps, str isa) -> Tensor", &dpgate::rms_norm);
   m.def("act_and_mul(Tensor x, str activation, str isa) -> Tensor", &dpgate::act_and_mul);
 }
