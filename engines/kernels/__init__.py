@@ -32,6 +32,8 @@ __all__ = [
     "load",
     "pack_weight",
     "rms_norm",
+    "signal_store",
+    "signal_wait",
     "supported_isas",
 ]
 
@@ -150,6 +152,17 @@ def dcp_combine(
     (float32), rows 0..num_tokens-1 of heads head_offset..head_offset+num_heads-1. Returns the
     output [num_tokens, num_heads, D] and LSE [num_tokens, num_heads] (csrc/dcp.h states the rule)."""
     return _ops().dcp_combine(outs, lses, num_tokens, head_offset, num_heads, isa)
+
+
+def signal_store(flags: torch.Tensor, index: int, value: int) -> None:
+    """flags[index] = value (int64, shared memory) with release order: what this process wrote
+    before is visible to whoever sees the value."""
+    _ops().signal_store(flags, index, value)
+
+
+def signal_wait(flags: torch.Tensor, index: int, value: int, timeout_s: float) -> bool:
+    """Wait (spinning, then yielding) until flags[index] == value, with acquire order; False on timeout."""
+    return _ops().signal_wait(flags, index, value, timeout_s)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str) -> torch.Tensor:

@@ -9,6 +9,9 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <chrono>
+#include <sched.h>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -189,6 +192,34 @@ std::tuple<at::Tensor, at::Tensor> dcp_combine(const at::Tensor& outs, const at:
   return {out, lse};
 }
 
+// Cross-process signals in shared memory (engines/parallel/dcp_exchange.py): a release store of
+// an epoch, and an acquire wait for it, so data written before the store is seen after the wait.
+void signal_store(const at::Tensor& flags, int64_t index, int64_t value) {
+  TORCH_CHECK(flags.scalar_type() == at::kLong && flags.is_contiguous() && 0 <= index && index < flags.numel(),
+              "dpgate signal_store: flags must be int64 and index in range");
+  std::atomic_ref<int64_t>(flags.data_ptr<int64_t>()[index]).store(value, std::memory_order_release);
+}
+
+// Waits until flags[index] == value; false after timeout_s. Spins briefly, then yields the CPU,
+// so a waiting rank does not starve a computing one on a shared core.
+bool signal_wait(const at::Tensor& flags, int64_t index, int64_t value, double timeout_s) {
+  TORCH_CHECK(flags.scalar_type() == at::kLong && flags.is_contiguous() && 0 <= index && index < flags.numel(),
+              "dpgate signal_wait: flags must be int64 and index in range");
+  std::atomic_ref<int64_t> flag(flags.data_ptr<int64_t>()[index]);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  for (int64_t spins = 0;; ++spins) {
+    if (flag.load(std::memory_order_acquire) == value) return true;
+    if (spins < 2000) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+      continue;
+    }
+    if ((spins & 63) == 0 && std::chrono::steady_clock::now() > deadline) return false;
+    sched_yield();
+  }
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const std::string& isa_name) {
   const Isa isa = parse_isa(isa_name);
   const int64_t N = x.size(-1);
@@ -242,6 +273,8 @@ TORCH_LIBRARY(dpgate, m) {
       "Tensor positions, int block_size, float scale, int window, str isa, int dcp_size, int dcp_rank, "
       "int interleave, bool with_lse) -> (Tensor, Tensor)",
       &dpgate::attention);
+  m.def("signal_store(Tensor flags, int index, int value) -> ()", &dpgate::signal_store);
+  m.def("signal_wait(Tensor flags, int index, int value, float timeout_s) -> bool", &dpgate::signal_wait);
   m.def("dcp_combine(Tensor outs, Tensor lses, int T, int head_offset, int heads, str isa) -> (Tensor, Tensor)",
         &dpgate::dcp_combine);
   m.def("rms_norm(Tensor x, Tensor weight, float eps, str isa) -> Tensor", &dpgate::rms_norm);
