@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dpgate import __version__
+from dpgate.servicer_guard import ServicerGuard
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
 from engines import kernels
 from engines.async_engine import AsyncEngine
@@ -29,7 +30,7 @@ from engines.model_runner import ModelRunner
 from engines.model_source import resolve_model
 from engines.numerics import Numerics, NumericsError, choose_numerics
 from engines.request_builder import ModelLimits
-from engines.servicers import ControlServicer, InferenceServicer
+from engines.servicers import INTERNAL_MESSAGE, ControlServicer, InferenceServicer, invalid_body_counter
 
 logger = logging.getLogger("dpgate.engine")
 
@@ -74,7 +75,8 @@ def numerics_for(config: EngineConfig) -> Numerics:
 async def serve(config: EngineConfig) -> int:
     started = time.monotonic()
     source = resolve_model(config.model, config.served_model_name)
-    server = grpc.aio.server()
+    metrics = EngineMetrics()
+    server = grpc.aio.server(interceptors=(ServicerGuard(INTERNAL_MESSAGE, invalid_body_counter(metrics)),))
     address = f"{config.host}:{config.port}"
     try:
         server.add_insecure_port(address)
@@ -93,7 +95,6 @@ async def serve(config: EngineConfig) -> int:
     runner = ModelRunner(loaded, max_model_len, num_blocks, config.block_size)
     await asyncio.to_thread(runner.warm_up, config.max_num_seqs, config.max_num_batched_tokens)
     engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop())
-    metrics = EngineMetrics()
     metrics.watch(engine)
     tokenizer = loaded.tokenizer
     limits = ModelLimits(source.name, loaded.config.vocab_size, max_model_len, tokenizer.eos_token_ids)

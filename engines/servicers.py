@@ -1,14 +1,17 @@
 """The dpgate.v1 services of an engine, on grpc.aio.
 
 Handlers translate between the wire and `AsyncEngine`; each error type a request can raise maps
-to one status code in `STATUS_FOR_ERROR`, so no client ever sees a Python traceback.
+to one status code in `STATUS_FOR_ERROR`, so no client ever sees a Python traceback. Messages
+come from our own error classes; a failure of the engine itself, or an exception nobody
+expected, gets a fixed message and is logged. Request bodies that are not valid messages never
+reach a handler: `dpgate.servicer_guard` refuses them with INVALID_ARGUMENT (server.py installs it).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -37,6 +40,11 @@ STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
     EngineFailedError: grpc.StatusCode.INTERNAL,
 }
 
+INTERNAL_MESSAGE = "internal engine error"
+ENGINE_FAILED_MESSAGE = "the engine failed while running this request"
+# Errors whose text is not ours to send (it comes from wherever the engine thread failed).
+_FIXED_MESSAGE: dict[type[Exception], str] = {EngineFailedError: ENGINE_FAILED_MESSAGE}
+
 _WIRE_FINISH = {
     FinishReason.LENGTH: generate_pb2.FINISH_REASON_LENGTH,
     FinishReason.STOP: generate_pb2.FINISH_REASON_STOP,
@@ -49,6 +57,17 @@ def status_for(error: Exception) -> grpc.StatusCode | None:
         if isinstance(error, error_type):
             return code
     return None
+
+
+def invalid_body_counter(metrics: EngineMetrics) -> Callable[[str], None]:
+    """Count refused request bodies of the dpgate.v1 methods like any other answer of theirs."""
+
+    def count(method: str) -> None:
+        service, _, rpc = method.lstrip("/").rpartition("/")
+        if service.startswith("dpgate.v1."):
+            metrics.requests.labels(rpc=rpc, code=grpc.StatusCode.INVALID_ARGUMENT.name).inc()
+
+    return count
 
 
 def finish_info(output: StepOutput) -> generate_pb2.FinishInfo:
@@ -127,10 +146,12 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
                 yield seq, output
         except Exception as error:
             code = status_for(error)
+            message = _FIXED_MESSAGE.get(type(error))
             if code is None:
-                code = grpc.StatusCode.INTERNAL
+                code, message = grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+            if message is not None:
                 logger.exception("%s failed", rpc)
-            await context.abort(code, str(error))
+            await context.abort(code, str(error) if message is None else message)
         except BaseException:
             code = grpc.StatusCode.CANCELLED
             raise

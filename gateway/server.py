@@ -28,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
+from dpgate.servicer_guard import ServicerGuard
 from dpgate.v1 import control_pb2, generate_pb2
 from gateway.config import ConfigError, GatewayConfig
 from gateway.engine_client import CONTROL_SERVICE, INFERENCE_SERVICE
@@ -37,6 +38,7 @@ from gateway.front_door import ClientConnection, listen
 from gateway.metrics import GatewayMetrics
 from gateway.readiness import is_ready
 from gateway.routing import make_policy
+from gateway.status_table import INTERNAL_ERROR_MESSAGE
 from gateway.upstream import UpstreamLink
 
 logger = logging.getLogger("dpgate.gateway")
@@ -75,8 +77,9 @@ class GatewayServer:
         self.pool = EnginePool(config, self.metrics)
         self.forwarder = Forwarder(self.pool, make_policy(config.policy), self.metrics, config)
         self.health = health_aio.HealthServicer()
-        # Health and reflection live on a grpc.aio server the front door relays to (loopback only).
-        self.local_services = aio.server()
+        # Health and reflection live on a grpc.aio server the front door relays to (loopback only);
+        # the guard answers bodies that are not valid messages with INVALID_ARGUMENT.
+        self.local_services = aio.server(interceptors=(ServicerGuard(INTERNAL_ERROR_MESSAGE),))
         self.connections: set[ClientConnection] = set()
         self.front_door: asyncio.Server | None = None
         self.port = 0
