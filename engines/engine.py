@@ -9,7 +9,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import torch
+
 from engines.block_manager import BlockManager
+from engines.grammar.bitmask import NO_MASKS, MaskedRows, mask_constrained_rows
 from engines.model_runner import ChunkInput, ModelRunner
 from engines.sampler import sample
 from engines.scheduler import Scheduler, SchedulerConfig
@@ -32,6 +35,7 @@ class LLMEngine:
         self.block_manager = BlockManager(runner.num_blocks, runner.block_size)
         self.scheduler = Scheduler(config or SchedulerConfig(), self.block_manager)
         self.last_step = StepStats()
+        self.mask_seconds = 0.0  # time spent filling and applying grammar masks, for benchmarks
 
     @property
     def has_work(self) -> bool:
@@ -68,22 +72,46 @@ class LLMEngine:
             for c in scheduled.chunks
         ]
         logits = self.runner.execute(inputs)
-        outputs, row = [], 0
         stats = StepStats(num_preempted=scheduled.num_preempted)
         for chunk in scheduled.chunks:
             seq = chunk.seq
             seq.num_computed_tokens = chunk.start + chunk.num_tokens
             stats.num_prompt_tokens += max(0, min(seq.num_computed_tokens, len(seq.prompt_ids)) - chunk.start)
-            if not chunk.samples:
-                continue
-            sampled = sample(
-                logits[row], seq.sampling, seq.generator, seq.prompt_ids, seq.output_ids, seq.blocked_token_ids
-            )
-            row += 1
-            outputs.append(seq.append(sampled))
-            stats.num_generated_tokens += 1
-            if seq.is_finished:
-                self.scheduler.finish(seq)
+        outputs = self._sample([chunk.seq for chunk in scheduled.chunks if chunk.samples], logits, stats)
         stats.seconds = time.perf_counter() - started
         self.last_step = stats
         return outputs
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, stats: StepStats) -> list[StepOutput]:
+        """Row i of `logits` is seqs[i]'s next token. Constrained rows are masked first, all at once;
+        a row its grammar leaves empty ends that request with an error and is not sampled."""
+        masked = self._mask_grammars(logits, seqs)
+        outputs = []
+        for row, seq in enumerate(seqs):
+            if row in masked.conflicts:
+                outputs.append(seq.fail(masked.conflicts[row]))
+            else:
+                row_logits = masked.logits[masked.index[row]] if row in masked.index else logits[row]
+                sampled = sample(
+                    row_logits,
+                    seq.sampling,
+                    seq.generator,
+                    seq.prompt_ids,
+                    seq.output_ids,
+                    seq.blocked_token_ids,
+                    raw_logits=logits[row],
+                )
+                outputs.append(seq.append(sampled))
+                stats.num_generated_tokens += 1
+            if seq.is_finished:
+                self.scheduler.finish(seq)
+        return outputs
+
+    def _mask_grammars(self, logits: torch.Tensor, seqs: list[Sequence]) -> MaskedRows:
+        """One bitmask for the step's constrained rows, applied in one pass; nothing when there are none."""
+        started = time.perf_counter()
+        if not any(seq.grammar is not None for seq in seqs):
+            return NO_MASKS
+        masked = mask_constrained_rows(logits, seqs)
+        self.mask_seconds += time.perf_counter() - started
+        return masked

@@ -8,6 +8,14 @@ from dataclasses import dataclass
 
 from dpgate.v1 import generate_pb2
 from engines.detokenizer import Decoder
+from engines.grammar.spec import (
+    GrammarSpec,
+    choice_spec,
+    ebnf_spec,
+    json_object_spec,
+    json_schema_spec,
+    regex_spec,
+)
 from engines.sampling_params import InvalidRequestError, SamplingParams, StoppingParams, require
 from engines.sequence import Sequence
 
@@ -40,8 +48,7 @@ def build_sequence(request: GenerateLike, limits: ModelLimits, tokenizer: Decode
         raise UnknownModelError(
             f"model {request.model!r} is not served here; this server serves {limits.served_name!r}"
         )
-    if request.HasField("structured_output"):
-        raise UnsupportedFeatureError("structured_output is not supported by this engine yet")
+    grammar_spec = _grammar_spec(request) if request.HasField("structured_output") else None
     prompt_ids = _prompt_ids(request, limits, tokenizer)
     sampling = _sampling_params(request)
     sampling.validate(limits.vocab_size)
@@ -50,6 +57,11 @@ def build_sequence(request: GenerateLike, limits: ModelLimits, tokenizer: Decode
     stop_token_ids = set(stopping.stop_token_ids)
     if not stopping.ignore_eos:
         stop_token_ids |= limits.eos_token_ids
+    require(
+        grammar_spec is None or bool(stop_token_ids),
+        "structured_output needs a token that ends the output: with stopping.ignore_eos the model's eos tokens "
+        "do not, so give stopping.stop_token_ids too",
+    )
     return Sequence(
         request_id=request.request_id or uuid.uuid4().hex,
         prompt_ids=prompt_ids,
@@ -57,7 +69,24 @@ def build_sequence(request: GenerateLike, limits: ModelLimits, tokenizer: Decode
         stopping=stopping,
         stop_token_ids=frozenset(stop_token_ids),
         decoder=tokenizer,
+        grammar_spec=grammar_spec,
     )
+
+
+def _grammar_spec(request: GenerateLike) -> GrammarSpec:
+    wire = request.structured_output
+    kind = wire.WhichOneof("kind")
+    if kind == "json_schema":
+        return json_schema_spec(wire.json_schema)
+    if kind == "json_object":
+        return json_object_spec()
+    if kind == "regex":
+        return regex_spec(wire.regex)
+    if kind == "ebnf":
+        return ebnf_spec(wire.ebnf)
+    if kind == "choice":
+        return choice_spec(list(wire.choice.choices))
+    raise InvalidRequestError("structured_output must set one kind: json_schema, json_object, regex, ebnf or choice")
 
 
 def _prompt_ids(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder) -> list[int]:

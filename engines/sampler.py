@@ -1,8 +1,10 @@
 """Sampling as a pure function: logits, a request's parameters and its token history in; a token out.
 
-Logit processors run in a fixed order (bias, penalties, eos masking, temperature, top-k, top-p,
-min-p) on one float32 row. Randomness comes only from the request's own `torch.Generator`, so
-a seeded request gives the same tokens whatever else the engine is doing.
+Logit processors run in a fixed order (grammar mask, bias, penalties, eos masking, temperature,
+top-k, top-p, min-p) on one float32 row; the grammar's bitmask is applied to a step's constrained
+rows at once (engines/grammar/bitmask.py) and those rows arrive here already masked. Randomness
+comes only from the request's own `torch.Generator`, so a seeded request gives the same tokens
+whatever else the engine is doing.
 """
 
 from __future__ import annotations
@@ -62,10 +64,12 @@ def sample(
     prompt_ids: list[int],
     output_ids: list[int],
     blocked_token_ids: list[int] | tuple[int, ...] = (),
+    raw_logits: torch.Tensor | None = None,
 ) -> SampledToken:
     """Pick the next token from float32 `logits` [vocab]. `blocked_token_ids` (stop tokens before
-    min_tokens is reached) can never be chosen. Logprobs describe the model's raw distribution."""
-    raw_logits = logits
+    min_tokens is reached) can never be chosen. Logprobs describe the model's raw distribution:
+    `raw_logits` when `logits` is already grammar-masked (masked tokens at -inf), else `logits`."""
+    raw_logits = logits if raw_logits is None else raw_logits
     logits = logits.clone()
     if params.logit_bias:
         ids = torch.tensor(list(params.logit_bias), dtype=torch.long)

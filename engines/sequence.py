@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engines.detokenizer import Decoder, IncrementalDetokenizer
+from engines.grammar.spec import GrammarSpec
 from engines.sampler import SampledToken
-from engines.sampling_params import SamplingParams, StoppingParams
+from engines.sampling_params import InvalidRequestError, SamplingParams, StoppingParams
+
+if TYPE_CHECKING:  # xgrammar is imported only where a grammar is used
+    from engines.grammar.matcher import RequestGrammar
 
 
 class FinishReason(enum.Enum):
@@ -36,6 +41,7 @@ class StepOutput:
     stop_string: str | None = None
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
+    error: InvalidRequestError | None = None  # the request ended because its own rules conflict
 
 
 @dataclass(slots=True)
@@ -55,6 +61,9 @@ class Sequence:
     generator: torch.Generator | None = None
     block_table: list[int] = field(default_factory=list)  # KV-cache blocks, owned via the BlockManager
     num_computed_tokens: int = 0  # tokens whose keys and values are in the cache
+    grammar_spec: GrammarSpec | None = None  # what structured_output asks for
+    grammar: RequestGrammar | None = None  # its matcher, attached once the grammar has compiled
+    error: InvalidRequestError | None = None
     detokenizer: IncrementalDetokenizer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -87,12 +96,16 @@ class Sequence:
         """Record one sampled token, apply the stop rules and return what the client may see now."""
         token_id = sampled.token_id
         self.output_ids.append(token_id)
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
         if token_id in self.stop_token_ids:
             self._finish(FinishReason.STOP)
             self.stop_token_id = token_id
         else:
             self.output_text += self.detokenizer.add(token_id)
             self._check_stop_strings()
+        if self.grammar is not None and self.grammar.is_terminated:
+            self._finish(FinishReason.STOP)
         if not self.is_finished and len(self.output_ids) >= self.stopping.max_tokens:
             self._finish(FinishReason.LENGTH)
         if self.is_finished and self.stop_string is None and self.stop_token_id is None:
@@ -102,6 +115,12 @@ class Sequence:
     def abort(self) -> StepOutput:
         self._finish(FinishReason.ABORTED)
         return self._emit([], [])
+
+    def fail(self, error: InvalidRequestError) -> StepOutput:
+        """End the request with an error of its own making (its grammar and stop rules conflict);
+        the client gets the error after the tokens already sent."""
+        self.error = error
+        return self.abort()
 
     def _finish(self, reason: FinishReason) -> None:
         if self.finish_reason is None:
@@ -150,4 +169,5 @@ class Sequence:
             stop_string=self.stop_string,
             num_prompt_tokens=len(self.prompt_ids),
             num_generated_tokens=len(self.output_ids),
+            error=self.error,
         )

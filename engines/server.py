@@ -23,6 +23,7 @@ from engines.async_engine import AsyncEngine
 from engines.config import ConfigError, EngineConfig
 from engines.cpu import cpu_info
 from engines.engine import LLMEngine
+from engines.grammar.compiler import GrammarCompiler
 from engines.kernels import KernelBuildError
 from engines.loader import LoadedModel, load_for_serving
 from engines.metrics import EngineMetrics
@@ -94,9 +95,10 @@ async def serve(config: EngineConfig) -> int:
     num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, loaded)
     runner = ModelRunner(loaded, max_model_len, num_blocks, config.block_size)
     await asyncio.to_thread(runner.warm_up, config.max_num_seqs, config.max_num_batched_tokens)
-    engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop())
-    metrics.watch(engine)
     tokenizer = loaded.tokenizer
+    grammars = GrammarCompiler(tokenizer.tokenizer, loaded.config.vocab_size, tokenizer.eos_token_ids)
+    engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop(), grammars)
+    metrics.watch(engine)
     limits = ModelLimits(source.name, loaded.config.vocab_size, max_model_len, tokenizer.eos_token_ids)
 
     server_info = control_pb2.GetServerInfoResponse(
@@ -166,4 +168,5 @@ async def serve(config: EngineConfig) -> int:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     await server.stop(SHUTDOWN_GRACE_S)
     engine.shutdown()
+    grammars.shutdown()
     return 0

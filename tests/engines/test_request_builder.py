@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dpgate.v1 import generate_pb2 as pb
-from engines.request_builder import ModelLimits, UnknownModelError, UnsupportedFeatureError, build_sequence
+from engines.grammar.spec import GrammarKind, GrammarSpec
+from engines.request_builder import ModelLimits, UnknownModelError, build_sequence
 from engines.sampling_params import InvalidRequestError
 
 LIMITS = ModelLimits("smollm2-135m-instruct", vocab_size=49152, max_model_len=64, eos_token_ids=frozenset({2}))
@@ -78,6 +79,56 @@ def test_an_unknown_model_is_not_found(smollm2_tokenizer):
         build(smollm2_tokenizer, text="x", model="gpt-9")
 
 
-def test_structured_output_is_refused_until_the_grammar_engine_lands(smollm2_tokenizer):
-    with pytest.raises(UnsupportedFeatureError, match="structured_output"):
-        build(smollm2_tokenizer, text="x", structured_output=pb.StructuredOutput(regex="a+"))
+STRUCTURED_OUTPUTS = [
+    (pb.StructuredOutput(json_schema='{"type": "string"}'), GrammarSpec(GrammarKind.JSON_SCHEMA, '{"type": "string"}')),
+    (pb.StructuredOutput(json_object=pb.JsonObject()), GrammarSpec(GrammarKind.JSON_OBJECT, "")),
+    (pb.StructuredOutput(regex="a+"), GrammarSpec(GrammarKind.REGEX, "a+")),
+    (pb.StructuredOutput(ebnf='root ::= "x"'), GrammarSpec(GrammarKind.EBNF, 'root ::= "x"')),
+    (
+        pb.StructuredOutput(choice=pb.ChoiceList(choices=["a", "b"])),
+        GrammarSpec(GrammarKind.CHOICE, 'root ::= "a" | "b"'),
+    ),
+]
+
+
+@pytest.mark.parametrize(("wire", "spec"), STRUCTURED_OUTPUTS)
+def test_each_structured_output_kind_becomes_a_grammar_spec(smollm2_tokenizer, wire, spec):
+    assert build(smollm2_tokenizer, text="x", structured_output=wire).grammar_spec == spec
+
+
+def test_a_request_without_structured_output_has_no_grammar(smollm2_tokenizer):
+    assert build(smollm2_tokenizer, text="x").grammar_spec is None
+
+
+BAD_STRUCTURED_OUTPUTS = [
+    (pb.StructuredOutput(), "structured_output must set one kind"),
+    (pb.StructuredOutput(json_schema="{not json"), "structured_output.json_schema is not JSON: Expecting property"),
+    (pb.StructuredOutput(json_schema="[1, 2]"), "structured_output.json_schema must be a JSON object"),
+    (
+        pb.StructuredOutput(json_schema=" " * 40000 + "{}"),
+        "structured_output.json_schema is 40002 bytes; at most 32768",
+    ),
+    (pb.StructuredOutput(regex=""), "structured_output.regex must not be empty"),
+    (pb.StructuredOutput(ebnf="  "), "structured_output.ebnf must not be empty"),
+    (pb.StructuredOutput(choice=pb.ChoiceList()), "structured_output.choice.choices must hold at least one string"),
+]
+
+
+@pytest.mark.parametrize(("wire", "message"), BAD_STRUCTURED_OUTPUTS)
+def test_bad_structured_outputs_are_refused_naming_the_field(smollm2_tokenizer, wire, message):
+    with pytest.raises(InvalidRequestError) as error:
+        build(smollm2_tokenizer, text="x", structured_output=wire)
+    assert str(error.value).startswith(message)
+
+
+def test_a_grammar_needs_a_stop_token_to_end(smollm2_tokenizer):
+    wire = pb.StructuredOutput(regex="a+")
+    with pytest.raises(InvalidRequestError, match="structured_output needs a token that ends the output"):
+        build(smollm2_tokenizer, text="x", structured_output=wire, stopping=pb.StoppingCriteria(ignore_eos=True))
+    seq = build(
+        smollm2_tokenizer,
+        text="x",
+        structured_output=wire,
+        stopping=pb.StoppingCriteria(ignore_eos=True, stop_token_ids=[7]),
+    )
+    assert seq.stop_token_ids == {7}
