@@ -20,10 +20,9 @@ import grpc
 from gateway.config import GatewayConfig
 from gateway.engine_client import EngineClient
 from gateway.handshake import check_engine
-from gateway.health_state import HealthStatus
+from gateway.health_state import PROBE_AT_ONCE, Blame, CallEvent, HealthStatus, blame_for
 from gateway.metrics import GatewayMetrics
 from gateway.routing import EngineView
-from gateway.status_table import ENGINE_FAILURE_CODES
 
 logger = logging.getLogger("dpgate.gateway.engines")
 
@@ -72,20 +71,24 @@ class EnginePool:
 
     # --- outcomes of forwarded calls ----------------------------------------------------------
 
-    def record_success(self, engine: EngineClient) -> None:
-        if engine.breaker.record_success():
-            self._circuit_changed(engine)
+    def record_outcome(self, engine: EngineClient, outcome: str | CallEvent) -> Blame:
+        """Feed a forwarded call's outcome (a status code name or a CallEvent) to the engine's breaker.
 
-    def record_failure(self, engine: EngineClient, code: grpc.StatusCode) -> None:
-        """Count an engine's failed call; codes that do not blame the engine are ignored."""
-        if code not in ENGINE_FAILURE_CODES:
-            if code is not grpc.StatusCode.CANCELLED and engine.breaker.record_success():
-                self._circuit_changed(engine)
-            return
-        if engine.breaker.record_failure(time.monotonic()):
+        This is the one place `BREAKER_BLAME` is applied: a success closes the circuit, the
+        engine's own failure counts against it, and anything else leaves it as it is.
+        """
+        blame = blame_for(outcome)
+        if blame is Blame.NONE:
+            changed = engine.breaker.record_success()
+        elif blame is Blame.ENGINE:
+            changed = engine.breaker.record_failure(time.monotonic())
+        else:
+            changed = False
+        if changed:
             self._circuit_changed(engine)
-        if code is grpc.StatusCode.UNAVAILABLE:
+        if outcome in PROBE_AT_ONCE:
             engine.wake.set()
+        return blame
 
     def _circuit_changed(self, engine: EngineClient) -> None:
         state = engine.breaker.state

@@ -5,8 +5,19 @@ message), an engine is chosen, the request goes upstream, and each response DATA
 relayed the moment it arrives, counted by its message prefixes but never parsed. Unpinned calls
 that fail with UNAVAILABLE before anything reached the client are retried once on another
 engine; nothing is retried once bytes were relayed. The client's deadline becomes the upstream
-`grpc-timeout`, and a client reset or disconnect resets the upstream stream, so the engine
-stops the request. The serving rank goes back in trailing metadata.
+`grpc-timeout`. However the call ends (the engine's status, a transport failure, the client's
+reset or disconnect, its deadline, the gateway's shutdown), the upstream stream is reset if it is
+still open, so the engine stops the request.
+
+Each attempt's outcome (the engine's status code, or a `CallEvent`) goes to
+`Forwarder.record_outcome`, which applies the breaker's one table (`health_state.BREAKER_BLAME`).
+What the engine sends back besides its status is relayed: custom initial and trailing metadata,
+and `grpc-status-details-bin` when the gateway relays the engine's code and message unchanged.
+The serving rank goes back in trailing metadata `x-data-parallel-rank`.
+
+The gateway refuses, before any engine sees them, request bodies whose compression is wrong
+(a grpc-encoding gRPC does not know, a compressed message that does not inflate): an engine
+answers those with INTERNAL, which the breaker would have to count as the engine's failure.
 """
 
 from __future__ import annotations
@@ -18,21 +29,25 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from dpgate.v1 import control_pb2
+from dpgate.v1 import control_pb2, generate_pb2
 from gateway.engine_client import EngineClient
 from gateway.errors import EngineFailed, GatewayError, Unavailable
 from gateway.front_door import ServerCall, rank_trailer
 from gateway.grpc_wire import (
     MessageScanner,
+    Refusal,
+    ResponseStatus,
     frame_message,
+    read_request,
+    relayed_metadata,
     reset_status,
     status_trailers,
-    trailer_status,
-    unframe_single_message,
 )
+from gateway.health_state import CallEvent
+from gateway.http2 import frames as f
 from gateway.http2.connection import Headers
 from gateway.http2.header_codec import encode_literal
-from gateway.status_table import ENGINE_FAILURE_CODES, status_for
+from gateway.status_table import status_for
 from gateway.upstream import UpstreamConnection, UpstreamStream
 
 if TYPE_CHECKING:
@@ -41,13 +56,35 @@ if TYPE_CHECKING:
 logger = logging.getLogger("dpgate.gateway.forwarding")
 
 DEADLINE_MESSAGE = "Deadline Exceeded"
+_NO_STATUS_MESSAGE = "the engine ended the call without a status"
 # The tag byte of a GenerateStreamResponse carrying a token: field 2 (delta), wire type 2.
 _DELTA_TAG = 0x12
+_SERVICES = (
+    generate_pb2.DESCRIPTOR.services_by_name["InferenceService"],
+    control_pb2.DESCRIPTOR.services_by_name["ControlService"],
+)
+# rpc name -> full name of its request message, for the messages that refuse a body.
+REQUEST_TYPES: dict[str, str] = {
+    method.name: method.input_type.full_name for service in _SERVICES for method in service.methods
+}
+# How an engine's RST_STREAM (or lost connection, None) ended a call.
+_RESET_EVENTS: dict[int | None, CallEvent] = {
+    None: CallEvent.CONNECTION_LOST,
+    f.REFUSED_STREAM: CallEvent.STREAM_REFUSED,
+    f.CANCEL: CallEvent.STREAM_CANCELLED,
+    f.ENHANCE_YOUR_CALM: CallEvent.ENHANCE_YOUR_CALM,
+}
+
+
+# A stream that fails this way after messages were relayed ends with INTERNAL (DESIGN.md, rule 7).
+_FAILED_AFTER_MESSAGES = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS}
+)
 
 
 def engine_failure(engine: EngineClient, code: grpc.StatusCode, details: str, num_sent: int) -> EngineFailed:
     """The status the client gets for an engine's failure; never internal addresses or tracebacks."""
-    if num_sent and code in ENGINE_FAILURE_CODES:
+    if num_sent and code in _FAILED_AFTER_MESSAGES:
         return EngineFailed("INTERNAL", f"data parallel rank {engine.rank} failed after {num_sent} messages were sent")
     if code is grpc.StatusCode.UNAVAILABLE:
         return EngineFailed("UNAVAILABLE", f"data parallel rank {engine.rank} is unavailable")
@@ -69,6 +106,8 @@ class ForwardedCall:
         "_is_done",
         "_num_sent",
         "_rank",
+        "_request",
+        "_response_headers",
         "_rpc",
         "_scanner",
         "_start",
@@ -97,6 +136,10 @@ class ForwardedCall:
         self._rank = rank
         self._start = time.perf_counter()
         self._body = b""
+        self._request = b""  # the request message, uncompressed (for the Abort fan-out)
+        # The engine's response headers to relay (grpc-encoding, custom metadata): sent with the
+        # first message or the status, so an attempt that fails before any message can be retried.
+        self._response_headers = b""
         self._excluded: frozenset[str] = frozenset()
         self._attempts_left = 1 if rank is not None else 2
         self._engine: EngineClient | None = None
@@ -138,13 +181,13 @@ class ForwardedCall:
         self._finish(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
     def _request_complete(self) -> None:
-        framed = unframe_single_message(self._body)
-        if framed is None:
-            self._finish(grpc.StatusCode.INVALID_ARGUMENT, f"{self._rpc} takes exactly one request message")
+        request = read_request(
+            self._body, self._rpc, REQUEST_TYPES[self._rpc], self._headers.encoding, self._forwarder.max_message_bytes
+        )
+        if isinstance(request, Refusal):
+            self._finish(request.code, request.message)
             return
-        if framed[1] > self._forwarder.max_message_bytes:
-            self._too_large(framed[1])
-            return
+        self._request = request
         if self._rpc == "Abort" and self._rank is None:
             self._task = asyncio.ensure_future(self._abort_everywhere())
             return
@@ -166,17 +209,23 @@ class ForwardedCall:
         if connection is not None:
             self._open(connection)
             return
-        self._task = asyncio.ensure_future(engine.link.connect())
+        # An engine that accepts no connection within the time it has to answer a health probe
+        # is failing (a black-holed host would otherwise hold the call until the OS gives up).
+        connecting = asyncio.wait_for(engine.link.connect(), self._forwarder.config.health_timeout_s)
+        self._task = asyncio.ensure_future(connecting)
         self._task.add_done_callback(self._connected)
 
     def _connected(self, task: asyncio.Future) -> None:
         if self._is_done or task.cancelled():
             return
         self._task = None
-        if task.exception() is not None:
-            self.upstream_reset(None)
-            return
-        self._open(task.result())
+        error = task.exception()
+        if isinstance(error, TimeoutError):
+            self._engine_ended(CallEvent.CONNECT_TIMEOUT, grpc.StatusCode.UNAVAILABLE, "connecting timed out")
+        elif error is not None:
+            self._engine_ended(CallEvent.CONNECT_FAILED, grpc.StatusCode.UNAVAILABLE, "connecting failed")
+        else:
+            self._open(task.result())
 
     def _open(self, connection: UpstreamConnection) -> None:
         timeout = None
@@ -189,12 +238,21 @@ class ForwardedCall:
     # --- upstream events ----------------------------------------------------------------------
 
     def upstream_headers(self, headers: Headers, end_stream: bool) -> None:
-        if end_stream:
-            self._engine_finished(*trailer_status(headers))
+        if self._is_done:
             return
+        if end_stream:
+            status = ResponseStatus.read(headers)
+            if status.code is None:
+                self._engine_ended(CallEvent.NO_STATUS, grpc.StatusCode.INTERNAL, _NO_STATUS_MESSAGE)
+            else:
+                self._engine_answered(status)
+            return
+        extra = relayed_metadata(headers)
         for name, value in headers:
             if name == b"grpc-encoding":
-                self._call.start_response(encode_literal(name, value))
+                self._scanner.encoding = value
+                extra += encode_literal(name, value)
+        self._response_headers = extra
 
     def upstream_data(self, data: bytes, end_stream: bool) -> None:
         if self._is_done:
@@ -204,57 +262,78 @@ class ForwardedCall:
         if scanner.max_length > self._forwarder.max_message_bytes:
             limit = self._forwarder.max_message_bytes
             message = f"response message of {scanner.max_length} bytes is larger than the limit of {limit}"
-            self._fail_upstream(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+            self._end(CallEvent.RESPONSE_TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
             return
         if self._ttft_pending and scanner.watch_seen:
             self._ttft_pending = False
             self._forwarder.metrics.ttft.observe(time.perf_counter() - self._start)
+        if self._response_headers:
+            self._call.start_response(self._response_headers)
+            self._response_headers = b""
         self._call.send(data)
         self._num_sent += completed
         if end_stream:  # DATA ending a response without trailers breaks the gRPC protocol
-            self._engine_finished(grpc.StatusCode.INTERNAL, "the engine ended the call without a status")
+            self._engine_ended(CallEvent.NO_STATUS, grpc.StatusCode.INTERNAL, _NO_STATUS_MESSAGE)
 
     def upstream_reset(self, error_code: int | None) -> None:
         if not self._is_done:
-            self._engine_finished(*reset_status(error_code))
+            event = _RESET_EVENTS.get(error_code, CallEvent.STREAM_RESET)
+            self._engine_ended(event, *reset_status(error_code))
 
-    def _fail_upstream(self, code: grpc.StatusCode, message: str) -> None:
-        if self._upstream is not None:
-            self._upstream.cancel()
-        self._release_engine()
-        self._finish(code, message)
-
-    def _release_engine(self) -> None:
-        self._upstream = None
-        if self._engine is not None:
-            self._engine.num_in_flight -= 1
-            self._engine = None
-
-    def _engine_finished(self, code: grpc.StatusCode, details: str) -> None:
+    def _release_engine(self) -> EngineClient | None:
         engine = self._engine
+        self._upstream = None
+        if engine is not None:
+            engine.num_in_flight -= 1
+            self._engine = None
+        return engine
+
+    def _engine_answered(self, status: ResponseStatus) -> None:
+        """The engine ended the call with a status (its trailers)."""
+        assert status.code is not None
+        if status.code is not grpc.StatusCode.OK:
+            self._engine_ended(status.code.name, status.code, status.message, status)
+            return
+        engine = self._release_engine()
+        if engine is None:
+            return
+        self._forwarder.record_outcome(engine, status.code.name)
+        trailer = status.details_field + rank_trailer(engine.rank or 0) + status.metadata
+        self._finish(grpc.StatusCode.OK, status.message, trailer)
+
+    def _engine_ended(
+        self, outcome: str | CallEvent, code: grpc.StatusCode, details: str, status: ResponseStatus | None = None
+    ) -> None:
+        """The attempt on the engine ended without success: record it, then retry or end the call.
+
+        `code` and `details` are the engine's status, or what a transport event means; an
+        UNAVAILABLE before any byte reached the client is retried once on another engine
+        (unpinned calls only). `status` carries the engine's own trailers, when it sent some.
+        """
+        engine = self._release_engine()
         if self._is_done or engine is None:
             return
-        self._release_engine()
         forwarder = self._forwarder
-        trailer = rank_trailer(engine.rank or 0)
-        if code is grpc.StatusCode.OK:
-            forwarder.record_success(engine)
-            self._finish(code, "", trailer)
-            return
-        forwarder.record_failure(engine, code)
+        forwarder.record_outcome(engine, outcome)
         if code is grpc.StatusCode.UNAVAILABLE and self._attempts_left and not self._call.is_response_started:
+            self._response_headers = b""  # that attempt's: the next engine sends its own
             self._excluded |= {engine.address}
             forwarder.metrics.retries.labels(rpc=self._rpc).inc()
             self._attempt()
             return
         failure = engine_failure(engine, code, details, self._num_sent)
+        trailer = rank_trailer(engine.rank or 0)
+        if status is not None:
+            trailer += status.metadata
+            if failure.code_name == code.name and failure.message == (details or code.name):
+                trailer = status.details_field + trailer  # relayed as the engine said it: the details still match
         self._finish(grpc.StatusCode[failure.code_name], failure.message, trailer)
 
     # --- endings ------------------------------------------------------------------------------
 
     def _deadline_passed(self) -> None:
         self._timer = None
-        self.cancel(grpc.StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
+        self._end(CallEvent.CLIENT_DEADLINE, grpc.StatusCode.DEADLINE_EXCEEDED, DEADLINE_MESSAGE)
 
     def on_response_sent(self, num_bytes: int) -> None:
         """Relayed bytes reached the client's connection: the engine may send that many more."""
@@ -265,20 +344,28 @@ class ForwardedCall:
         """The client reset the stream or went away: stop the engine's work too."""
         if self._is_done:
             return
-        self._stop_upstream()
+        self._stop_upstream(CallEvent.CLIENT_CANCELLED)
         self._done(grpc.StatusCode.CANCELLED)
 
     def cancel(self, code: grpc.StatusCode, message: str) -> None:
-        """End the call from the gateway's side (deadline, shutdown), resetting upstream."""
+        """End the call from the gateway's side (shutdown), resetting upstream."""
+        self._end(CallEvent.GATEWAY_ENDED, code, message)
+
+    def _end(self, event: CallEvent, code: grpc.StatusCode, message: str) -> None:
+        """End the call on the gateway's initiative, resetting the upstream stream."""
         if self._is_done:
             return
-        self._stop_upstream()
+        self._stop_upstream(event)
         self._finish(code, message)
 
-    def _stop_upstream(self) -> None:
-        if self._upstream is not None:
-            self._upstream.cancel()
-        self._release_engine()
+    def _stop_upstream(self, event: CallEvent) -> None:
+        """Reset the upstream stream (RST_STREAM CANCEL) and stop connecting, if either is under way."""
+        upstream = self._upstream
+        if upstream is not None:
+            upstream.cancel()
+        engine = self._release_engine()
+        if engine is not None:
+            self._forwarder.record_outcome(engine, event)
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -286,11 +373,15 @@ class ForwardedCall:
     def _finish(self, code: grpc.StatusCode, message: str, extra: bytes = b"") -> None:
         if self._is_done:
             return
+        if self._response_headers:
+            self._call.start_response(self._response_headers)
         self._call.finish(status_trailers(code, message, extra))
         self._done(code)
 
     def _done(self, code: grpc.StatusCode) -> None:
         self._is_done = True
+        if self._upstream is not None:  # whatever ended the call, the engine's stream ends with it
+            self._stop_upstream(CallEvent.GATEWAY_ENDED)
         self._call.handler = None  # break the call <-> handler cycle: freed at once, not by the GC
         if self._timer is not None:
             self._timer.cancel()
@@ -313,7 +404,7 @@ class ForwardedCall:
             engines = self._forwarder.usable_engines()
             if not engines:
                 raise Unavailable("no engine can serve the request: every candidate is not healthy")
-            request = self._body[5:]
+            request = self._request
             timeout = None
             if self._deadline is not None:
                 timeout = max(0.0, self._deadline - asyncio.get_running_loop().time())

@@ -23,6 +23,7 @@ from gateway.errors import InvalidArgument
 from gateway.forwarded_call import ForwardedCall
 from gateway.front_door import ServerCall
 from gateway.grpc_wire import parse_timeout
+from gateway.health_state import Blame, CallEvent
 from gateway.http2.connection import Headers
 from gateway.http2.header_codec import encode_literal
 from gateway.metadata import RANK_BIN_KEY, RANK_KEY, parse_data_parallel_rank
@@ -52,13 +53,14 @@ _PASSED_HEADERS = (b"grpc-encoding", b"grpc-accept-encoding")
 class CallHeaders:
     """What the front door reads from a call's request headers, in one pass."""
 
-    __slots__ = ("authorization", "passed", "path", "rank_fields", "timeout")
+    __slots__ = ("authorization", "encoding", "passed", "path", "rank_fields", "timeout")
 
     def __init__(self, headers: Headers) -> None:
         self.path = b""
         self.timeout: float | None = None
         self.authorization: list[bytes] = []
         self.rank_fields: list[tuple[str, bytes]] = []
+        self.encoding: bytes | None = None  # grpc-encoding of the request messages
         passed = b""
         for name, value in headers:
             if name == b":path":
@@ -71,6 +73,8 @@ class CallHeaders:
                 self.rank_fields.append((name.decode(), value))
             elif name in _PASSED_HEADERS:
                 passed += encode_literal(name, value)
+                if name == b"grpc-encoding":
+                    self.encoding = value
         self.passed = passed
 
 
@@ -161,16 +165,15 @@ class Forwarder:
             duration = self._durations[rpc] = self.metrics.duration.labels(rpc=rpc)
         duration.observe(time.perf_counter() - start)
 
-    def record_success(self, engine: EngineClient) -> None:
-        self._pool.record_success(engine)
+    def record_outcome(self, engine: EngineClient, outcome: str | CallEvent) -> None:
+        """How one attempt on `engine` ended: a status code name, or a CallEvent (see health_state)."""
+        if self._pool.record_outcome(engine, outcome) is not Blame.NONE:
+            return
         rank = engine.rank or 0
         counter = self._routed.get(rank)
         if counter is None:
             counter = self._routed[rank] = self.metrics.routed.labels(rank=str(rank))
         counter.inc()
-
-    def record_failure(self, engine: EngineClient, code: grpc.StatusCode) -> None:
-        self._pool.record_failure(engine, code)
 
     def usable_engines(self) -> list[EngineClient]:
         return [engine for engine in self._pool.connected() if engine.health.is_healthy]

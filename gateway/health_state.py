@@ -6,7 +6,10 @@ Two signals decide whether an engine gets calls, and they are kept apart on purp
   `success_threshold` good ones. It starts UNKNOWN, which routing treats as not healthy.
 - `CircuitBreaker` follows the outcome of forwarded calls: `failure_threshold` engine failures in a
   row open it; after `open_seconds` it lets calls through again (HALF_OPEN) and the first outcome
-  closes or reopens it. Callers decide which outcomes count (RESOURCE_EXHAUSTED does not).
+  closes or reopens it. Which outcomes are engine failures is `BREAKER_BLAME`, the one table
+  (docs/gateway.md repeats it): only the engine's own failures count. What a client caused never
+  does, and neither does an outcome that does not show the engine failed: one careless or
+  hostile client must not be able to open the circuit for everyone else.
 Time is passed in (`now`, seconds on a monotonic clock) so tests drive it without sleeping.
 """
 
@@ -63,6 +66,90 @@ class HealthState:
             return False
         self.status = HealthStatus.UNHEALTHY
         return True
+
+
+class Blame(enum.Enum):
+    """Whose doing a forwarded call's outcome was, as far as the circuit breaker is concerned."""
+
+    NONE = "none"  # the engine served the call: a success
+    ENGINE = "engine"  # the engine's own failure: counts against its breaker
+    CLIENT = "client"  # the client caused it (its input, its deadline, its cancel): never counts
+    UNPROVEN = "unproven"  # nothing shows the engine failed: never counts
+
+
+class CallEvent(enum.Enum):
+    """The ways a forwarded call ends without the engine answering with a gRPC status."""
+
+    CONNECT_FAILED = "connect failed"  # no connection to the engine could be opened
+    CONNECT_TIMEOUT = "connect timeout"  # the engine accepted no connection within the health timeout
+    CONNECTION_LOST = "connection lost"  # the engine's connection closed with the call open
+    STREAM_REFUSED = "stream refused"  # RST_STREAM REFUSED_STREAM, or GOAWAY before the stream
+    STREAM_RESET = "stream reset"  # RST_STREAM with an error (PROTOCOL_ERROR, INTERNAL_ERROR, ...)
+    STREAM_CANCELLED = "stream cancelled"  # RST_STREAM CANCEL sent by the engine
+    ENHANCE_YOUR_CALM = "enhance your calm"  # RST_STREAM ENHANCE_YOUR_CALM: the engine sheds load
+    NO_STATUS = "no status"  # the response ended without a grpc-status
+    RESPONSE_TOO_LARGE = "response too large"  # a response message over --max-message-bytes
+    CLIENT_CANCELLED = "client cancelled"  # the client reset the stream or went away
+    CLIENT_DEADLINE = "client deadline"  # the client's deadline passed at the gateway
+    GATEWAY_ENDED = "gateway ended"  # the gateway ended the call itself (shutdown timeout)
+
+
+# The one table: a forwarded call's outcome -> whose doing it was. An outcome is the name of the
+# gRPC status code the engine answered with, or a CallEvent. Every code and event has a row
+# (tests/gateway/test_breaker_blame.py checks it); docs/gateway.md shows the same table.
+BREAKER_BLAME: dict[str | CallEvent, Blame] = {
+    "OK": Blame.NONE,
+    # The client's input, identity or request: nothing about the engine's health.
+    "INVALID_ARGUMENT": Blame.CLIENT,
+    "NOT_FOUND": Blame.CLIENT,
+    "ALREADY_EXISTS": Blame.CLIENT,
+    "PERMISSION_DENIED": Blame.CLIENT,
+    "UNAUTHENTICATED": Blame.CLIENT,
+    "FAILED_PRECONDITION": Blame.CLIENT,
+    "OUT_OF_RANGE": Blame.CLIENT,
+    "UNIMPLEMENTED": Blame.CLIENT,  # a method or feature the client asked for and the engine lacks
+    "RESOURCE_EXHAUSTED": Blame.CLIENT,  # too large for the engine, or its queue is full: back-pressure
+    "CANCELLED": Blame.CLIENT,  # the call was cancelled (by its client, or the gateway for it)
+    "DEADLINE_EXCEEDED": Blame.CLIENT,  # the client's deadline, which the gateway passes on
+    # Codes that by themselves do not say the engine broke.
+    "UNKNOWN": Blame.UNPROVEN,  # what gRPC answers for anything it cannot classify
+    "ABORTED": Blame.UNPROVEN,  # a conflict the client may retry
+    # The engine says it failed or cannot serve.
+    "INTERNAL": Blame.ENGINE,
+    "UNAVAILABLE": Blame.ENGINE,
+    "DATA_LOSS": Blame.ENGINE,
+    # Transport events: evidence that the engine (or the way to it) failed.
+    CallEvent.CONNECT_FAILED: Blame.ENGINE,
+    CallEvent.CONNECT_TIMEOUT: Blame.ENGINE,
+    CallEvent.CONNECTION_LOST: Blame.ENGINE,
+    CallEvent.STREAM_REFUSED: Blame.ENGINE,
+    CallEvent.STREAM_RESET: Blame.ENGINE,
+    CallEvent.STREAM_CANCELLED: Blame.ENGINE,
+    CallEvent.NO_STATUS: Blame.ENGINE,  # a response without a status breaks the gRPC protocol
+    CallEvent.ENHANCE_YOUR_CALM: Blame.UNPROVEN,  # load shedding, like RESOURCE_EXHAUSTED
+    CallEvent.RESPONSE_TOO_LARGE: Blame.CLIENT,  # the client asked for that much
+    # Endings on the gateway's side.
+    CallEvent.CLIENT_CANCELLED: Blame.CLIENT,
+    CallEvent.CLIENT_DEADLINE: Blame.CLIENT,
+    CallEvent.GATEWAY_ENDED: Blame.UNPROVEN,
+}
+
+# Outcomes that suggest the engine is gone: its health watcher probes at once instead of waiting
+# for the next interval (this decides health probing only, not the breaker).
+PROBE_AT_ONCE: frozenset[str | CallEvent] = frozenset(
+    {
+        "UNAVAILABLE",
+        CallEvent.CONNECT_FAILED,
+        CallEvent.CONNECT_TIMEOUT,
+        CallEvent.CONNECTION_LOST,
+        CallEvent.STREAM_REFUSED,
+    }
+)
+
+
+def blame_for(outcome: str | CallEvent) -> Blame:
+    """The table's answer; a code it does not know (none today) is not blamed on the engine."""
+    return BREAKER_BLAME.get(outcome, Blame.UNPROVEN)
 
 
 class CircuitState(enum.Enum):

@@ -1,4 +1,5 @@
-"""The one table from gateway errors to gRPC status codes, and which engine codes count as failures.
+"""The one table from gateway errors to gRPC status codes (which outcomes count against an engine's
+circuit breaker is `gateway.health_state.BREAKER_BLAME`).
 
 Every place that turns an exception into a status goes through `status_for`, so a new error class
 gets its code here or nowhere (an unknown exception becomes INTERNAL with a fixed message: never a
@@ -28,18 +29,6 @@ STATUS_FOR_ERROR: dict[type[GatewayError], grpc.StatusCode] = {
 }
 
 INTERNAL_ERROR_MESSAGE = "internal gateway error"
-
-# Codes from an engine that say the engine (not the request) failed: they count against its
-# circuit breaker. RESOURCE_EXHAUSTED (a full queue) is back-pressure from a working engine, and
-# client-side outcomes (CANCELLED, DEADLINE_EXCEEDED, INVALID_ARGUMENT, ...) say nothing about it.
-ENGINE_FAILURE_CODES: frozenset[grpc.StatusCode] = frozenset(
-    {
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.INTERNAL,
-        grpc.StatusCode.UNKNOWN,
-        grpc.StatusCode.DATA_LOSS,
-    }
-)
 
 
 def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -1,4 +1,4 @@
-"""Outcome bookkeeping of the engine pool: which engine failures count against the breaker."""
+"""Outcome bookkeeping of the engine pool: which outcomes count against the breaker."""
 
 from __future__ import annotations
 
@@ -36,27 +36,28 @@ def run_with_pool(check) -> None:
         grpc.StatusCode.NOT_FOUND,
         grpc.StatusCode.CANCELLED,
         grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNKNOWN,
     ],
 )
 def test_codes_that_do_not_blame_the_engine_never_open_the_breaker(code):
     def check(pool, engine):
         for _ in range(10):
-            pool.record_failure(engine, code)
+            pool.record_outcome(engine, code.name)
         assert engine.breaker.state is CircuitState.CLOSED
 
     run_with_pool(check)
 
 
-@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN])
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.DATA_LOSS])
 def test_engine_failures_open_the_breaker_and_a_success_closes_it(code):
     def check(pool, engine):
         for _ in range(3):
-            pool.record_failure(engine, code)
+            pool.record_outcome(engine, code.name)
         assert engine.breaker.state is CircuitState.OPEN
         assert not pool.snapshot()[0].is_circuit_closed
         engine.breaker.open_seconds = 0
         assert pool.snapshot()[0].is_circuit_closed  # half open: let a call through
-        pool.record_success(engine)
+        pool.record_outcome(engine, "OK")
         assert engine.breaker.state is CircuitState.CLOSED
 
     run_with_pool(check)
@@ -65,7 +66,7 @@ def test_engine_failures_open_the_breaker_and_a_success_closes_it(code):
 def test_unavailable_wakes_the_watcher_for_an_immediate_probe():
     def check(pool, engine):
         assert not engine.wake.is_set()
-        pool.record_failure(engine, grpc.StatusCode.UNAVAILABLE)
+        pool.record_outcome(engine, "UNAVAILABLE")
         assert engine.wake.is_set()
 
     run_with_pool(check)
