@@ -1,4 +1,4 @@
-"""One HTTP/2 connection as an asyncio protocol: frame parsing, settings, pings, flow control.
+"""One HTTP/2 connection as an asyncio protocol: frames checked against stream states, then acted on.
 
 The class is shared by both sides of the gateway: clients connect to a server-role connection,
 and the gateway reaches each engine through a client-role one. Streams are objects the owner
@@ -6,12 +6,23 @@ creates (`Stream` subclasses); the connection calls their `on_headers`, `on_data
 `on_reset` as frames arrive, and they send through `send_headers`, `send_data` and
 `reset_stream`. Everything runs on the event loop's thread, so nothing here takes a lock.
 
+Receiving follows RFC 9113 as nghttp2 does: every frame is checked (its length and flags in
+`frames`, its stream's state here, a field block's fields in `header_rules`) before anything
+acts on it, and each violation gets the error the RFC names: a connection error is GOAWAY with
+that code and the connection closes; a stream error is RST_STREAM on that stream (whose owner
+gets `on_reset(code)`), except on an idle stream, where nothing may be sent, so it becomes a
+connection error. A stream this side reset is remembered for a while, and frames the peer had
+already sent on it are ignored, as RFC 9113 section 5.1 asks. Nothing the peer sends raises out
+of `data_received`; an unexpected exception is logged and closes the connection with
+INTERNAL_ERROR (the fuzz tests check that this never happens).
+
 Output is gathered and written once per loop iteration, so a response's HEADERS, DATA and
-trailers usually leave in one system call. Flow control follows RFC 9113 section 5.2: data
-waits in the stream's queue while the peer's window is closed. The gateway opens large receive
-windows (4 MiB a stream). Streams whose data the gateway relays onward (`auto_credit = False`)
-return credit only when the relayed bytes have left through the other connection, so a slow
-reader slows its writer instead of filling the gateway's memory.
+trailers usually leave in one system call. Flow control follows RFC 9113 section 5.2 both
+ways: data waits in the stream's queue while the peer's window is closed, and a peer that sends
+past the windows the gateway opened (4 MiB a stream) gets FLOW_CONTROL_ERROR. Streams whose
+data the gateway relays onward (`auto_credit = False`) return credit only when the relayed
+bytes have left through the other connection, so a slow reader slows its writer instead of
+filling the gateway's memory.
 """
 
 from __future__ import annotations
@@ -20,70 +31,41 @@ import asyncio
 import logging
 from collections import deque
 
+from hpack import OversizedHeaderListError
+
 from gateway.http2 import frames as f
+from gateway.http2.errors import HeadersTooLarge, MalformedHeaders, ProtocolViolation
 from gateway.http2.header_codec import Decoder
+from gateway.http2.header_rules import check_request, check_response, check_trailers
+from gateway.http2.limits import ENGINE_LIMITS, Http2Limits, ResetBudget
+from gateway.http2.stream import LOCAL_STREAM_WINDOW, Headers, Stream
+
+__all__ = ["LOCAL_CONNECTION_WINDOW", "LOCAL_STREAM_WINDOW", "Headers", "Http2Connection", "ProtocolViolation",
+           "Stream"]  # fmt: skip
 
 logger = logging.getLogger("dpgate.gateway.http2")
 
-Headers = list[tuple[bytes, bytes]]
-
-LOCAL_STREAM_WINDOW = 1 << 22
 LOCAL_CONNECTION_WINDOW = 1 << 30
-MAX_HEADER_BLOCK = 1 << 16
 DYNAMIC_TABLE_SIZE_ZERO = b"\x20"  # HPACK "dynamic table size update" to 0 (RFC 7541 section 6.3)
+_NUM_REMEMBERED_RESETS = 256  # streams this side reset whose late frames are still ignored
+_NUM_REMEMBERED_GAPS = 16  # ranges of stream ids the peer skipped (never opened)
+# Frames that need an answer (PING, SETTINGS, stream errors) while the peer reads nothing:
+# past this many the peer is flooding (CVE-2019-9512, -9515) and the connection ends.
+_MAX_REPLIES_WHILE_PAUSED = 1024
 
 
-class Stream:
-    """One stream's transport state; subclasses handle its events.
+class _PendingBlock:
+    """A field block whose HEADERS frame came without END_HEADERS; CONTINUATION frames follow."""
 
-    `on_reset(None)` means the connection was lost; an int is the peer's RST_STREAM error code
-    (or REFUSED_STREAM for a stream a GOAWAY said the peer never processed).
-    """
+    __slots__ = ("flags", "fragment", "is_self_dependent", "num_continuations", "started_at", "stream_id")
 
-    auto_credit = True  # return flow-control credit on receipt; False: the owner calls `release`
-
-    __slots__ = (
-        "_recv_unacked",
-        "connection",
-        "is_local_closed",
-        "is_remote_closed",
-        "pending",
-        "send_window",
-        "stream_id",
-    )  # fmt: skip
-
-    def __init__(self, connection: Http2Connection) -> None:
-        self.connection = connection
-        self.stream_id = 0
-        self.send_window = connection.peer_initial_window
-        self.pending: deque[tuple[int, bytes, bool]] | None = None
-        self.is_local_closed = False
-        self.is_remote_closed = False
-        self._recv_unacked = 0
-
-    @property
-    def is_open(self) -> bool:
-        return not (self.is_local_closed and self.is_remote_closed)
-
-    def on_headers(self, headers: Headers, end_stream: bool) -> None:
-        raise NotImplementedError
-
-    def on_data(self, data: bytes, end_stream: bool) -> None:
-        raise NotImplementedError
-
-    def on_reset(self, error_code: int | None) -> None:
-        raise NotImplementedError
-
-    def on_sent(self, num_bytes: int) -> None:
-        """`num_bytes` of this stream's DATA left for the peer (they may have waited for window)."""
-
-
-class ProtocolViolation(Exception):
-    """A connection-level protocol error: the connection ends with GOAWAY and this code."""
-
-    def __init__(self, error_code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.error_code = error_code
+    def __init__(self, stream_id: int, flags: int, fragment: bytes, is_self_dependent: bool, now: float) -> None:
+        self.stream_id = stream_id
+        self.flags = flags
+        self.fragment = bytearray(fragment)
+        self.is_self_dependent = is_self_dependent
+        self.num_continuations = 0
+        self.started_at = now
 
 
 class Http2Connection(asyncio.Protocol):
@@ -91,39 +73,66 @@ class Http2Connection(asyncio.Protocol):
 
     is_client = False
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Http2Limits = ENGINE_LIMITS) -> None:
         self._loop = asyncio.get_running_loop()
+        self.limits = limits
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, Stream] = {}
         self._buffer = bytearray()
-        self._decoder = Decoder()
+        self._decoder = Decoder(max_header_list_size=limits.max_header_block)
         self._out: list[bytes] = []
         self._flush_handle: asyncio.Handle | None = None
         self.send_window = f.DEFAULT_WINDOW
+        self.recv_window = f.DEFAULT_WINDOW  # what the peer may still send on the connection
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self.peer_max_streams: int | None = None
         self._recv_unacked = 0
         self._blocked: set[Stream] = set()
-        self._continuation: tuple[int, int, bytearray] | None = None
+        self._block: _PendingBlock | None = None
         self._awaiting_preface = not self.is_client
+        self._awaiting_settings = True  # the peer's first frame must be SETTINGS (RFC 9113 section 3.4)
+        self._num_unacked_settings = 0
+        self._peer_parity = 0 if self.is_client else 1  # clients open odd stream ids, servers even
         self.last_peer_stream_id = 0
+        self._last_local_stream_id = 0
+        self._skipped_ids: deque[tuple[int, int]] = deque(maxlen=_NUM_REMEMBERED_GAPS)
+        self._reset_by_us: dict[int, None] = {}  # insertion-ordered: the oldest is forgotten first
+        self._peer_goaway_last_id: int | None = None
         self.is_closed = False
         self.goaway_received = False
         self.has_sent_data = False  # HEADERS or DATA written since the owner last cleared it
         self._is_table_size_set = False
-        self.last_frame_time = self._loop.time()
+        self._is_write_paused = False
+        self._num_replies_while_paused = 0
+        now = self._loop.time()
+        self._reset_budget = (
+            ResetBudget(limits.max_resets_per_second, now) if limits.max_resets_per_second is not None else None
+        )
+        self.last_frame_time = now
+        self.idle_since = now  # when the last stream closed (meaningful while `streams` is empty)
+        # Indexed by frame type; types past CONTINUATION are extensions and are ignored.
+        self._handlers = (
+            self._on_data, self._on_headers, self._on_priority, self._on_rst_stream, self._on_settings,
+            self._on_push_promise, self._on_ping, self._on_goaway, self._on_window_update, self._on_continuation,
+        )  # fmt: skip
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
-        settings = {f.SETTINGS_INITIAL_WINDOW_SIZE: LOCAL_STREAM_WINDOW, f.SETTINGS_MAX_FRAME_SIZE: f.DEFAULT_MAX_FRAME}
+        settings = {
+            f.SETTINGS_INITIAL_WINDOW_SIZE: LOCAL_STREAM_WINDOW,
+            f.SETTINGS_MAX_FRAME_SIZE: f.DEFAULT_MAX_FRAME,
+            **self.limits.settings(),
+        }
         if self.is_client:
             settings[f.SETTINGS_ENABLE_PUSH] = 0
             self.write(f.PREFACE)
         self.write(f.pack_settings(settings))
+        self._num_unacked_settings += 1
         self.write(f.pack_window_update(0, LOCAL_CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+        self.recv_window = LOCAL_CONNECTION_WINDOW
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.is_closed = True
@@ -137,21 +146,32 @@ class Http2Connection(asyncio.Protocol):
             stream.is_local_closed = stream.is_remote_closed = True
             stream.on_reset(None)
 
+    def pause_writing(self) -> None:
+        self._is_write_paused = True
+        self._num_replies_while_paused = 0
+
+    def resume_writing(self) -> None:
+        self._is_write_paused = False
+
     def data_received(self, data: bytes) -> None:
+        if self.is_closed:
+            return
         buffer = self._buffer
         buffer += data
         offset = 0
         if self._awaiting_preface:
-            if len(buffer) < len(f.PREFACE):
-                return
-            if not buffer.startswith(f.PREFACE):
+            preface_length = len(f.PREFACE)
+            if not f.PREFACE.startswith(bytes(buffer[:preface_length])):
                 self.close(f.PROTOCOL_ERROR, b"expected the HTTP/2 client preface")
                 return
+            if len(buffer) < preface_length:
+                return
             self._awaiting_preface = False
-            offset = len(f.PREFACE)
+            offset = preface_length
         self.last_frame_time = self._loop.time()
         size = len(buffer)
         unpack = f.FRAME_HEADER.unpack_from
+        handlers = self._handlers
         try:
             while size - offset >= f.FRAME_HEADER_SIZE:
                 high, low, frame_type, flags, stream_id = unpack(buffer, offset)
@@ -163,140 +183,366 @@ class Http2Connection(asyncio.Protocol):
                     break
                 payload = bytes(buffer[offset + f.FRAME_HEADER_SIZE : end])
                 offset = end
-                self._handle_frame(frame_type, flags, stream_id & 0x7FFF_FFFF, payload)
+                if self._block is not None or self._awaiting_settings:
+                    self._check_expected_frame(frame_type, flags)
+                if frame_type <= f.CONTINUATION:
+                    handlers[frame_type](flags, stream_id & 0x7FFF_FFFF, payload)
                 if self.is_closed:
                     return
         except ProtocolViolation as error:
             logger.debug("closing connection: %s", error)
             self.close(error.error_code, str(error).encode())
             return
+        except Exception:
+            logger.exception("closing an HTTP/2 connection after an unexpected error")
+            self.close(f.INTERNAL_ERROR, b"internal error")
+            return
         del buffer[:offset]
+
+    def _check_expected_frame(self, frame_type: int, flags: int) -> None:
+        if self._block is not None and frame_type != f.CONTINUATION:
+            raise ProtocolViolation(f.PROTOCOL_ERROR, "a field block was interrupted by another frame")
+        if self._awaiting_settings:
+            if frame_type != f.SETTINGS or flags & f.ACK:
+                raise ProtocolViolation(f.PROTOCOL_ERROR, "the connection preface must start with SETTINGS")
+            self._awaiting_settings = False
+
+    # --- stream states ------------------------------------------------------------------------
+
+    def _is_idle(self, stream_id: int) -> bool:
+        """A stream id not used yet by the side that opens it (RFC 9113 section 5.1)."""
+        if stream_id & 1 == self._peer_parity:
+            return stream_id > self.last_peer_stream_id
+        return stream_id > self._last_local_stream_id
+
+    def _is_skipped(self, stream_id: int) -> bool:
+        """A peer stream id below one it used, which it never opened (implicitly closed)."""
+        return any(low <= stream_id <= high for low, high in self._skipped_ids)
+
+    def _remove(self, stream_id: int) -> None:
+        self.streams.pop(stream_id, None)
+        if not self.streams:
+            self.idle_since = self._loop.time()
+
+    def _remember_reset(self, stream_id: int) -> None:
+        reset_by_us = self._reset_by_us
+        reset_by_us[stream_id] = None
+        if len(reset_by_us) > _NUM_REMEMBERED_RESETS:
+            del reset_by_us[next(iter(reset_by_us))]
+
+    def _reply(self, frame: bytes) -> None:
+        """Write a frame the peer's frame asked for; a peer that asks while reading nothing is cut off."""
+        if self._is_write_paused:
+            self._num_replies_while_paused += 1
+            if self._num_replies_while_paused > _MAX_REPLIES_WHILE_PAUSED:
+                raise ProtocolViolation(f.ENHANCE_YOUR_CALM, "the peer sends frames that need answers but reads none")
+        self.write(frame)
+
+    def _send_reset(self, stream_id: int, error_code: int) -> None:
+        self._remember_reset(stream_id)
+        self._reply(f.pack_rst_stream(stream_id, error_code))
+
+    def _peer_caused_reset(self) -> None:
+        """A stream ended early because of the peer: the rapid-reset guard counts it."""
+        budget = self._reset_budget
+        if budget is not None and not budget.spend(self._loop.time()):
+            logger.warning("closing a connection that resets streams faster than %s per second",
+                           self.limits.max_resets_per_second)  # fmt: skip
+            raise ProtocolViolation(f.ENHANCE_YOUR_CALM, "too_many_resets")
+
+    def _stream_error(self, stream: Stream, error_code: int) -> None:
+        """RST_STREAM `error_code` on a stream the peer broke the rules on; its owner hears of it."""
+        stream_id = stream.stream_id
+        self._remove(stream_id)
+        self._forget(stream)
+        self._send_reset(stream_id, error_code)
+        stream.on_reset(error_code)
+        self._peer_caused_reset()
+
+    def _stream_error_on(self, stream_id: int, error_code: int, reason: str) -> None:
+        """A stream error by id, whatever the stream's state."""
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            self._stream_error(stream, error_code)
+        elif self._is_idle(stream_id):
+            raise ProtocolViolation(error_code, f"{reason} (on an idle stream)")
+        elif stream_id not in self._reset_by_us:
+            self._send_reset(stream_id, error_code)
+            self._peer_caused_reset()
+
+    def _on_closed_stream(self, stream_id: int) -> None:
+        """DATA or HEADERS on a closed stream: STREAM_CLOSED, unless this side reset it (frames in flight)."""
+        if stream_id not in self._reset_by_us:
+            self._send_reset(stream_id, f.STREAM_CLOSED)
+            self._peer_caused_reset()
 
     # --- receiving ----------------------------------------------------------------------------
 
-    def _handle_frame(self, frame_type: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuation is not None and frame_type != f.CONTINUATION:
-            raise ProtocolViolation(f.PROTOCOL_ERROR, "expected CONTINUATION")
-        if frame_type == f.DATA:
-            self._on_data_frame(flags, stream_id, payload)
-        elif frame_type == f.HEADERS:
-            self._on_headers_frame(flags, stream_id, payload)
-        elif frame_type == f.WINDOW_UPDATE:
-            self._on_window_update(stream_id, f.unpack_u32(payload))
-        elif frame_type == f.PING:
-            if flags & f.ACK:
-                self.on_ping_ack(payload)
-            else:
-                self.on_ping()
-                self.write(f.pack_frame(f.PING, f.ACK, 0, payload))
-        elif frame_type == f.SETTINGS:
-            if not flags & f.ACK:
-                self._on_settings(payload)
-        elif frame_type == f.RST_STREAM:
-            stream = self.streams.pop(stream_id, None)
-            if stream is not None:
-                self._forget(stream)
-                stream.on_reset(f.unpack_u32(payload))
-        elif frame_type == f.CONTINUATION:
-            self._on_continuation(flags, stream_id, payload)
-        elif frame_type == f.GOAWAY:
-            last_stream_id, error_code = f.unpack_goaway(payload)
-            self.goaway_received = True
-            self.on_goaway(last_stream_id, error_code)
-        elif frame_type == f.PUSH_PROMISE:
-            raise ProtocolViolation(f.PROTOCOL_ERROR, "push is disabled")
-        # PRIORITY and unknown frame types are ignored, as RFC 9113 asks.
-
-    def _on_data_frame(self, flags: int, stream_id: int, payload: bytes) -> None:
+    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ProtocolViolation(f.PROTOCOL_ERROR, "DATA on stream 0")
         length = len(payload)
-        if flags & f.PADDED:
-            payload = payload[1 : length - payload[0]]
+        # The connection window counts every DATA frame, whatever its stream's state (RFC 9113 6.9).
+        self.recv_window -= length
+        if self.recv_window < 0:
+            raise ProtocolViolation(f.FLOW_CONTROL_ERROR, "DATA beyond the connection's flow-control window")
         self._recv_unacked += length
         if self._recv_unacked >= LOCAL_CONNECTION_WINDOW // 2:
             self.write(f.pack_window_update(0, self._recv_unacked))
+            self.recv_window += self._recv_unacked
             self._recv_unacked = 0
+        data = f.strip_padding(payload) if flags & f.PADDED else payload
         stream = self.streams.get(stream_id)
-        if stream is None or stream.is_remote_closed:
-            return  # a stream already reset or finished here; its data is dropped
+        if stream is None:
+            if self._is_idle(stream_id):
+                raise ProtocolViolation(f.PROTOCOL_ERROR, "DATA on an idle stream")
+            self._on_closed_stream(stream_id)
+            return
+        if stream.is_remote_closed:
+            self._stream_error(stream, f.STREAM_CLOSED)
+            return
+        stream.recv_window -= length
+        if stream.recv_window < 0:
+            self._stream_error(stream, f.FLOW_CONTROL_ERROR)
+            return
+        if not stream.is_headers_received:  # DATA before the response's headers
+            self._stream_error(stream, f.PROTOCOL_ERROR)
+            return
         end_stream = bool(flags & f.END_STREAM)
+        if stream.content_length is not None:
+            remaining = stream.content_length = stream.content_length - len(data)
+            if remaining < 0 or (end_stream and remaining):  # RFC 9113 8.1.1: malformed
+                self._stream_error(stream, f.PROTOCOL_ERROR)
+                return
         if end_stream:
             stream.is_remote_closed = True
         elif stream.auto_credit:
             self.release(stream, length)
-        elif length > len(payload):
-            self.release(stream, length - len(payload))  # padding: the owner only sees the payload
-        stream.on_data(payload, end_stream)
+        elif length > len(data):
+            self.release(stream, length - len(data))  # padding: the owner only sees the content
+        stream.on_data(data, end_stream)
         if end_stream and stream.is_local_closed:
-            self.streams.pop(stream_id, None)
+            self._remove(stream_id)
 
-    def _on_headers_frame(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if flags & f.PADDED:
-            payload = payload[1 : len(payload) - payload[0]]
-        if flags & f.PRIORITY_FLAG:
-            payload = payload[5:]
-        if not flags & f.END_HEADERS:
-            self._continuation = (stream_id, flags, bytearray(payload))
+    def _on_headers(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ProtocolViolation(f.PROTOCOL_ERROR, "HEADERS on stream 0")
+        fragment, dependency = payload, None
+        if flags & (f.PADDED | f.PRIORITY_FLAG):
+            fragment, dependency = f.split_headers_payload(flags, payload)
+        is_self_dependent = dependency == stream_id
+        if flags & f.END_HEADERS:
+            self._on_field_block(stream_id, flags, fragment, is_self_dependent)
             return
-        self._on_header_block(flags, stream_id, payload)
+        self._block = _PendingBlock(stream_id, flags, fragment, is_self_dependent, self._loop.time())
+        self.on_field_block_started()
 
     def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuation is None or self._continuation[0] != stream_id:
-            raise ProtocolViolation(f.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
-        block = self._continuation[2]
-        block += payload
-        if len(block) > MAX_HEADER_BLOCK:
-            raise ProtocolViolation(f.ENHANCE_YOUR_CALM, "header block too large")
+        block = self._block
+        if block is None or block.stream_id != stream_id:
+            raise ProtocolViolation(f.PROTOCOL_ERROR, "CONTINUATION without a HEADERS frame before it")
+        block.num_continuations += 1
+        if block.num_continuations > self.limits.max_continuation_frames:
+            raise ProtocolViolation(f.ENHANCE_YOUR_CALM, "too many CONTINUATION frames in one field block")
+        block.fragment += payload
+        if len(block.fragment) > self.limits.max_header_block:
+            raise ProtocolViolation(f.ENHANCE_YOUR_CALM, "field block far over SETTINGS_MAX_HEADER_LIST_SIZE")
         if flags & f.END_HEADERS:
-            first_flags = self._continuation[1]
-            self._continuation = None
-            self._on_header_block(first_flags, stream_id, bytes(block))
+            self._block = None
+            self._on_field_block(stream_id, block.flags, bytes(block.fragment), block.is_self_dependent)
 
-    def _on_header_block(self, flags: int, stream_id: int, block: bytes) -> None:
+    def _on_field_block(self, stream_id: int, flags: int, fragment: bytes, is_self_dependent: bool) -> None:
+        # Decode first, whatever becomes of the stream: the HPACK state must follow every block.
         try:
-            headers = self._decoder.decode(block, raw=True)
-        except Exception as error:  # hpack raises several types for a bad block
-            raise ProtocolViolation(f.COMPRESSION_ERROR, f"bad header block: {error}") from None
+            headers = self._decoder.decode(fragment, raw=True)
+        except OversizedHeaderListError:
+            raise ProtocolViolation(f.ENHANCE_YOUR_CALM, "field block far over SETTINGS_MAX_HEADER_LIST_SIZE") from None
+        except Exception:  # hpack raises several types for a bad block
+            raise ProtocolViolation(f.COMPRESSION_ERROR, "undecodable field block") from None
         end_stream = bool(flags & f.END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is None:
-            if not self.is_client and stream_id > self.last_peer_stream_id:
-                if stream_id % 2 == 0:
-                    raise ProtocolViolation(f.PROTOCOL_ERROR, "client stream ids are odd")
-                self.last_peer_stream_id = stream_id
-                self.on_new_stream(stream_id, headers, end_stream)
+            if not self._is_idle(stream_id):
+                if stream_id & 1 == self._peer_parity and self._is_skipped(stream_id):
+                    raise ProtocolViolation(f.PROTOCOL_ERROR, "stream id lower than one already used")
+                self._on_closed_stream(stream_id)
+            elif stream_id & 1 != self._peer_parity:
+                raise ProtocolViolation(f.PROTOCOL_ERROR, "HEADERS on a stream id the peer may not open")
+            elif self.is_client:
+                raise ProtocolViolation(f.PROTOCOL_ERROR, "a server opened a stream (push is disabled)")
+            else:
+                self._open_peer_stream(stream_id, headers, end_stream, is_self_dependent)
+            return
+        if stream.is_remote_closed:
+            self._stream_error(stream, f.STREAM_CLOSED)
+            return
+        if is_self_dependent:
+            self._stream_error(stream, f.PROTOCOL_ERROR)
+            return
+        limit = self.limits.max_header_list_size
+        try:
+            if stream.is_headers_received:
+                if not end_stream:
+                    raise MalformedHeaders("a field block after the headers without END_STREAM")
+                check_trailers(headers, limit)
+                if stream.content_length:
+                    raise MalformedHeaders("content-length larger than the DATA")
+            else:
+                status, content_length = check_response(headers, limit)
+                if status < 200:  # interim (1xx): the final response follows
+                    if end_stream:
+                        raise MalformedHeaders("an interim response ends the stream")
+                    return
+                if end_stream and content_length:
+                    raise MalformedHeaders("content-length larger than the DATA")
+                stream.is_headers_received = True
+                stream.content_length = content_length
+        except (MalformedHeaders, HeadersTooLarge):
+            self._stream_error(stream, f.PROTOCOL_ERROR)
             return
         if end_stream:
             stream.is_remote_closed = True
         stream.on_headers(headers, end_stream)
         if end_stream and stream.is_local_closed:
-            self.streams.pop(stream_id, None)
+            self._remove(stream_id)
 
-    def _on_settings(self, payload: bytes) -> None:
-        for key, value in f.unpack_settings(payload):
+    def _open_peer_stream(self, stream_id: int, headers: Headers, end_stream: bool, is_self_dependent: bool) -> None:
+        """A request's HEADERS on a new stream id (server role): the stream opens, or is reset at once."""
+        expected = self.last_peer_stream_id + 2 if self.last_peer_stream_id else 1
+        if stream_id > expected:
+            self._skipped_ids.append((expected, stream_id - 2))
+        self.last_peer_stream_id = stream_id
+        limit = self.limits.max_concurrent_streams
+        content_length = None
+        try:
+            if is_self_dependent:
+                raise MalformedHeaders("a stream cannot depend on itself")
+            content_length = check_request(headers, self.limits.max_header_list_size)
+            if end_stream and content_length:
+                raise MalformedHeaders("content-length larger than the DATA")
+        except MalformedHeaders as error:
+            logger.debug("malformed request on stream %d: %s", stream_id, error)
+            self._send_reset(stream_id, f.PROTOCOL_ERROR)
+            self._peer_caused_reset()
+            return
+        except HeadersTooLarge as error:
+            self.on_oversized_request(stream_id, end_stream, error.size)
+            return
+        if limit is not None and len(self.streams) >= limit:
+            self._send_reset(stream_id, f.REFUSED_STREAM)
+            self._peer_caused_reset()
+            return
+        self.on_new_stream(stream_id, headers, end_stream)
+        if content_length is not None:
+            stream = self.streams.get(stream_id)
+            if stream is not None:
+                stream.content_length = content_length
+
+    def _on_priority(self, flags: int, stream_id: int, payload: bytes) -> None:
+        # RFC 9113 deprecates the priority scheme: PRIORITY is checked, then ignored.
+        if stream_id == 0:
+            raise ProtocolViolation(f.PROTOCOL_ERROR, "PRIORITY on stream 0")
+        if len(payload) != f.PRIORITY_SIZE:
+            self._stream_error_on(stream_id, f.FRAME_SIZE_ERROR, "PRIORITY length is not 5")
+        elif f.unpack_u32(payload) == stream_id:
+            self._stream_error_on(stream_id, f.PROTOCOL_ERROR, "a stream cannot depend on itself")
+
+    def _on_rst_stream(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id == 0:
+            raise ProtocolViolation(f.PROTOCOL_ERROR, "RST_STREAM on stream 0")
+        if len(payload) != f.RST_STREAM_SIZE:
+            raise ProtocolViolation(f.FRAME_SIZE_ERROR, "RST_STREAM length is not 4")
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            if self._is_idle(stream_id):
+                raise ProtocolViolation(f.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
+            return  # closed already: nothing to do
+        was_working = not stream.is_local_closed
+        self._remove(stream_id)
+        self._forget(stream)
+        stream.on_reset(f.unpack_error_code(payload))
+        if was_working:
+            self._peer_caused_reset()
+
+    def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id != 0:
+            raise ProtocolViolation(f.PROTOCOL_ERROR, "SETTINGS on a stream")
+        if flags & f.ACK:
+            if payload:
+                raise ProtocolViolation(f.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
+            if self._num_unacked_settings:
+                self._num_unacked_settings -= 1
+                # The peer's encoder now knows the table size we advertised; hpack holds it to it.
+                self._decoder.max_allowed_table_size = self.limits.header_table_size
+            return
+        for key, value in f.parse_settings(payload, self.is_client):
             if key == f.SETTINGS_INITIAL_WINDOW_SIZE:
-                if value > f.MAX_WINDOW:
-                    raise ProtocolViolation(f.FLOW_CONTROL_ERROR, "initial window too large")
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > f.MAX_WINDOW:
+                        raise ProtocolViolation(f.FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE overflows a window")
             elif key == f.SETTINGS_MAX_FRAME_SIZE:
                 self.peer_max_frame = value
             elif key == f.SETTINGS_MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
-        self.write(f.pack_frame(f.SETTINGS, f.ACK, 0))
+        self._reply(f.pack_frame(f.SETTINGS, f.ACK, 0))
         self._unblock()
 
-    def _on_window_update(self, stream_id: int, increment: int) -> None:
+    def _on_push_promise(self, flags: int, stream_id: int, payload: bytes) -> None:
+        raise ProtocolViolation(f.PROTOCOL_ERROR, "PUSH_PROMISE: push is disabled")
+
+    def _on_ping(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id != 0:
+            raise ProtocolViolation(f.PROTOCOL_ERROR, "PING on a stream")
+        if len(payload) != f.PING_SIZE:
+            raise ProtocolViolation(f.FRAME_SIZE_ERROR, "PING length is not 8")
+        if flags & f.ACK:
+            self.on_ping_ack(payload)
+            return
+        self.on_ping()
+        if not self.is_closed:
+            self._reply(f.pack_frame(f.PING, f.ACK, 0, payload))
+
+    def _on_goaway(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if stream_id != 0:
+            raise ProtocolViolation(f.PROTOCOL_ERROR, "GOAWAY on a stream")
+        if len(payload) < f.GOAWAY_MIN_SIZE:
+            raise ProtocolViolation(f.FRAME_SIZE_ERROR, "GOAWAY shorter than 8")
+        last_stream_id, error_code = f.unpack_goaway(payload)
+        if self._peer_goaway_last_id is not None and last_stream_id > self._peer_goaway_last_id:
+            raise ProtocolViolation(f.PROTOCOL_ERROR, "GOAWAY raised its last stream id")
+        self._peer_goaway_last_id = last_stream_id
+        self.goaway_received = True
+        self.on_goaway(last_stream_id, error_code)
+
+    def _on_window_update(self, flags: int, stream_id: int, payload: bytes) -> None:
+        if len(payload) != f.WINDOW_UPDATE_SIZE:
+            raise ProtocolViolation(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE length is not 4")
+        increment = f.unpack_u32(payload)
         if stream_id == 0:
+            if increment == 0:
+                raise ProtocolViolation(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             self.send_window += increment
+            if self.send_window > f.MAX_WINDOW:
+                raise ProtocolViolation(f.FLOW_CONTROL_ERROR, "connection window above 2^31-1")
             self._unblock()
             return
         stream = self.streams.get(stream_id)
-        if stream is not None:
-            stream.send_window += increment
-            if stream.pending:
-                self._drain(stream)
+        if stream is None:
+            if self._is_idle(stream_id):
+                raise ProtocolViolation(f.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
+            return  # closed: an update sent before the peer learned it, ignored
+        if increment == 0:
+            self._stream_error(stream, f.PROTOCOL_ERROR)
+            return
+        stream.send_window += increment
+        if stream.send_window > f.MAX_WINDOW:
+            self._stream_error(stream, f.FLOW_CONTROL_ERROR)
+            return
+        if stream.pending:
+            self._drain(stream)
 
     def release(self, stream: Stream, num_bytes: int) -> None:
         """Give the peer back `num_bytes` of the stream's window (batched into half-window updates)."""
@@ -305,6 +551,7 @@ class Http2Connection(asyncio.Protocol):
         stream._recv_unacked += num_bytes
         if stream._recv_unacked >= LOCAL_STREAM_WINDOW // 2:
             self.write(f.pack_window_update(stream.stream_id, stream._recv_unacked))
+            stream.recv_window += stream._recv_unacked
             stream._recv_unacked = 0
 
     def _unblock(self) -> None:
@@ -316,13 +563,27 @@ class Http2Connection(asyncio.Protocol):
     # --- hooks for subclasses -----------------------------------------------------------------
 
     def on_new_stream(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
-        """A peer opened a stream (server role). The subclass registers a Stream or resets it."""
-        self.write(f.pack_rst_stream(stream_id, f.REFUSED_STREAM))
+        """A peer opened a stream with well-formed request headers (server role).
+
+        The subclass registers a Stream (`add_stream`) or refuses it.
+        """
+        self._send_reset(stream_id, f.REFUSED_STREAM)
+
+    def on_oversized_request(self, stream_id: int, end_stream: bool, size: int) -> None:
+        """Request headers over SETTINGS_MAX_HEADER_LIST_SIZE (still well-formed); the stream is refused."""
+        self._send_reset(stream_id, f.PROTOCOL_ERROR)
+        self._peer_caused_reset()
+
+    def on_field_block_started(self) -> None:
+        """A field block did not fit one frame; CONTINUATION frames are expected."""
 
     def on_goaway(self, last_stream_id: int, error_code: int) -> None:
-        """The peer will process no stream above `last_stream_id`; those are reset as refused."""
-        for stream_id in [sid for sid in self.streams if sid > last_stream_id]:
-            stream = self.streams.pop(stream_id)
+        """The peer will process none of our streams above `last_stream_id`; those are reset as refused."""
+        peer_parity = self._peer_parity
+        refused = [sid for sid in self.streams if sid > last_stream_id and sid & 1 != peer_parity]
+        for stream_id in refused:
+            stream = self.streams[stream_id]
+            self._remove(stream_id)
             self._forget(stream)
             stream.on_reset(f.REFUSED_STREAM)
 
@@ -350,6 +611,8 @@ class Http2Connection(asyncio.Protocol):
     def add_stream(self, stream: Stream, stream_id: int) -> None:
         stream.stream_id = stream_id
         self.streams[stream_id] = stream
+        if stream_id & 1 != self._peer_parity and stream_id > self._last_local_stream_id:
+            self._last_local_stream_id = stream_id
 
     def send_headers(self, stream: Stream, block: bytes, end_stream: bool = False) -> None:
         if stream.is_local_closed:
@@ -434,7 +697,7 @@ class Http2Connection(asyncio.Protocol):
     def _close_local(self, stream: Stream) -> None:
         stream.is_local_closed = True
         if stream.is_remote_closed:
-            self.streams.pop(stream.stream_id, None)
+            self._remove(stream.stream_id)
 
     def _forget(self, stream: Stream) -> None:
         stream.is_local_closed = stream.is_remote_closed = True
@@ -443,8 +706,11 @@ class Http2Connection(asyncio.Protocol):
 
     def reset_stream(self, stream: Stream, error_code: int = f.CANCEL) -> None:
         """End a stream at once (no event is delivered to it)."""
-        if self.streams.pop(stream.stream_id, None) is not None and not self.is_closed:
-            self.write(f.pack_rst_stream(stream.stream_id, error_code))
+        if stream.stream_id in self.streams:
+            self._remove(stream.stream_id)
+            if not self.is_closed:
+                self._remember_reset(stream.stream_id)
+                self.write(f.pack_rst_stream(stream.stream_id, error_code))
         self._forget(stream)
 
     def send_ping(self, payload: bytes) -> None:
@@ -460,6 +726,7 @@ class Http2Connection(asyncio.Protocol):
         self.send_goaway(error_code, debug)
         self._flush()
         self.is_closed = True
+        self._block = None
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None

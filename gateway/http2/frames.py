@@ -1,8 +1,15 @@
-"""HTTP/2 frame layout (RFC 9113 section 4 and 6): the constants and packers the relay uses."""
+"""HTTP/2 frame layout (RFC 9113 sections 4 and 6): constants, packers, and payload parsers.
+
+The parsers check what a frame's own bytes must satisfy (lengths, padding, setting values) and
+raise `ProtocolViolation` with the error code RFC 9113 names; what depends on a stream's state
+is the connection's business (gateway/http2/connection.py).
+"""
 
 from __future__ import annotations
 
 import struct
+
+from gateway.http2.errors import ProtocolViolation
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -21,6 +28,8 @@ PING = 0x6
 GOAWAY = 0x7
 WINDOW_UPDATE = 0x8
 CONTINUATION = 0x9
+FRAME_NAMES = ("DATA", "HEADERS", "PRIORITY", "RST_STREAM", "SETTINGS", "PUSH_PROMISE", "PING", "GOAWAY",
+               "WINDOW_UPDATE", "CONTINUATION")  # fmt: skip
 
 # Flags.
 END_STREAM = 0x1
@@ -42,6 +51,7 @@ NO_ERROR = 0x0
 PROTOCOL_ERROR = 0x1
 INTERNAL_ERROR = 0x2
 FLOW_CONTROL_ERROR = 0x3
+SETTINGS_TIMEOUT = 0x4
 STREAM_CLOSED = 0x5
 FRAME_SIZE_ERROR = 0x6
 REFUSED_STREAM = 0x7
@@ -51,7 +61,16 @@ ENHANCE_YOUR_CALM = 0xB
 
 DEFAULT_WINDOW = 65_535
 DEFAULT_MAX_FRAME = 16_384
+MAX_FRAME_LIMIT = 2**24 - 1
 MAX_WINDOW = 2**31 - 1
+DEFAULT_HEADER_TABLE_SIZE = 4_096
+
+# The fixed payload lengths of RFC 9113 section 6.
+PRIORITY_SIZE = 5
+RST_STREAM_SIZE = 4
+PING_SIZE = 8
+WINDOW_UPDATE_SIZE = 4
+GOAWAY_MIN_SIZE = 8
 
 _U32 = struct.Struct(">L")
 _SETTING = struct.Struct(">HL")
@@ -67,10 +86,6 @@ def pack_settings(settings: dict[int, int]) -> bytes:
     return pack_frame(SETTINGS, 0, 0, b"".join(_SETTING.pack(key, value) for key, value in settings.items()))
 
 
-def unpack_settings(payload: bytes) -> list[tuple[int, int]]:
-    return [_SETTING.unpack_from(payload, offset) for offset in range(0, len(payload) - 5, 6)]
-
-
 def pack_window_update(stream_id: int, increment: int) -> bytes:
     return pack_frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(increment))
 
@@ -83,10 +98,71 @@ def pack_goaway(last_stream_id: int, error_code: int, debug: bytes = b"") -> byt
     return pack_frame(GOAWAY, 0, 0, _GOAWAY.pack(last_stream_id, error_code) + debug)
 
 
+def pack_priority(dependency: int, weight: int = 15, exclusive: bool = False) -> bytes:
+    """A PRIORITY payload (also the priority fields of a HEADERS frame)."""
+    return _U32.pack(dependency | (0x8000_0000 if exclusive else 0)) + bytes((weight,))
+
+
 def unpack_u32(payload: bytes, offset: int = 0) -> int:
+    """A 31-bit field (stream id, window increment); the reserved high bit is ignored."""
     return _U32.unpack_from(payload, offset)[0] & 0x7FFF_FFFF
+
+
+def unpack_error_code(payload: bytes, offset: int = 0) -> int:
+    return _U32.unpack_from(payload, offset)[0]
 
 
 def unpack_goaway(payload: bytes) -> tuple[int, int]:
     last_stream_id, error_code = _GOAWAY.unpack_from(payload)
     return last_stream_id & 0x7FFF_FFFF, error_code
+
+
+def strip_padding(payload: bytes) -> bytes:
+    """The content of a PADDED DATA frame: a pad length byte, the content, then that much padding."""
+    if not payload:
+        raise ProtocolViolation(FRAME_SIZE_ERROR, "PADDED frame without a pad length")
+    pad_length = payload[0]
+    if pad_length >= len(payload):
+        raise ProtocolViolation(PROTOCOL_ERROR, "padding as long as the frame")
+    return payload[1 : len(payload) - pad_length]
+
+
+def split_headers_payload(flags: int, payload: bytes) -> tuple[bytes, int | None]:
+    """A HEADERS payload's field block fragment and stream dependency (None without PRIORITY)."""
+    start = 0
+    end = len(payload)
+    pad_length = 0
+    mandatory = (1 if flags & PADDED else 0) + (PRIORITY_SIZE if flags & PRIORITY_FLAG else 0)
+    if end < mandatory:
+        raise ProtocolViolation(FRAME_SIZE_ERROR, "HEADERS frame too short for its PADDED or PRIORITY fields")
+    if flags & PADDED:
+        pad_length = payload[0]
+        start = 1
+        if pad_length > end - mandatory:
+            raise ProtocolViolation(PROTOCOL_ERROR, "padding longer than the HEADERS payload")
+    dependency = None
+    if flags & PRIORITY_FLAG:
+        dependency = unpack_u32(payload, start)
+        start += PRIORITY_SIZE
+    return payload[start : end - pad_length], dependency
+
+
+def parse_settings(payload: bytes, is_client: bool) -> list[tuple[int, int]]:
+    """Validated (identifier, value) pairs of a SETTINGS frame (RFC 9113 sections 6.5 and 6.5.2).
+
+    `is_client`: the receiver is the client, so ENABLE_PUSH must be 0 (a server may not push-enable).
+    Unknown identifiers are returned too; the receiver ignores them.
+    """
+    if len(payload) % 6:
+        raise ProtocolViolation(FRAME_SIZE_ERROR, "SETTINGS length is not a multiple of 6")
+    settings = list(_SETTING.iter_unpack(payload))
+    for key, value in settings:
+        if key == SETTINGS_ENABLE_PUSH:
+            if value > 1 or (is_client and value != 0):
+                raise ProtocolViolation(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}")
+        elif key == SETTINGS_INITIAL_WINDOW_SIZE:
+            if value > MAX_WINDOW:
+                raise ProtocolViolation(FLOW_CONTROL_ERROR, f"SETTINGS_INITIAL_WINDOW_SIZE {value} above 2^31-1")
+        elif key == SETTINGS_MAX_FRAME_SIZE and not DEFAULT_MAX_FRAME <= value <= MAX_FRAME_LIMIT:
+            raise ProtocolViolation(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} outside 2^14..2^24-1")
+    return settings

@@ -176,6 +176,15 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+def request_fields(path: bytes) -> list[tuple[bytes, bytes]]:
+    """The pseudo-headers every request needs (RFC 9113 section 8.3.1)."""
+    return [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path)]
+
+
+def request_block(path: bytes) -> bytes:
+    return encode_block(request_fields(path))
+
+
 def data_of(stream: Recorder) -> bytes:
     return b"".join(event[1] for event in stream.events if event[0] == "data")
 
@@ -187,7 +196,7 @@ def test_data_waits_for_the_peers_window_and_trailers_wait_for_the_data():
         await settle()
         stream = Recorder(client)
         client.add_stream(stream, 1)
-        client.send_headers(stream, encode_block([(b":path", b"/x")]))
+        client.send_headers(stream, request_block(b"/x"))
         client.send_data(stream, b"a" * 25)
         client.send_headers(stream, encode_block([(b"grpc-status", b"0")]), end_stream=True)
         await settle()
@@ -210,7 +219,7 @@ def test_header_blocks_larger_than_a_frame_use_continuation():
         client, server = await wired()
         stream = Recorder(client)
         client.add_stream(stream, 1)
-        fields = [(b":path", b"/x"), (b"x-big", b"b" * 40_000)]
+        fields = [*request_fields(b"/x"), (b"x-big", b"b" * 40_000)]
         client.send_headers(stream, encode_block(fields), end_stream=True)
         await settle()
         (peer,) = server.opened
@@ -230,7 +239,7 @@ def test_manual_credit_returns_window_only_when_released():
         client, server = await wired(ManualServer)
         stream = Recorder(client)
         client.add_stream(stream, 1)
-        client.send_headers(stream, encode_block([(b":path", b"/x")]))
+        client.send_headers(stream, request_block(b"/x"))
         chunk = b"c" * 16_000
         for _ in range(LOCAL_STREAM_WINDOW // len(chunk) + 20):
             client.send_data(stream, chunk)
@@ -252,8 +261,8 @@ def test_peer_reset_and_lost_connection_reach_the_stream():
         first, second = Recorder(client), Recorder(client)
         client.add_stream(first, 1)
         client.add_stream(second, 3)
-        client.send_headers(first, encode_block([(b":path", b"/a")]))
-        client.send_headers(second, encode_block([(b":path", b"/b")]))
+        client.send_headers(first, request_block(b"/a"))
+        client.send_headers(second, request_block(b"/b"))
         await settle()
         server.reset_stream(server.opened[0], f.CANCEL)
         await settle()

@@ -139,15 +139,19 @@ def test_sequential_calls_with_grpc_bdp_pings_are_not_taken_for_a_ping_flood(sta
     assert "too_many_pings" not in gateway.log_path.read_text()[log_before:]
 
 
+_STARTED = f.PREFACE + f.pack_settings({})  # a client preface: the magic, then SETTINGS
+
+
 @pytest.mark.parametrize(
     "garbage, error_code",
     [
         (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b" " * 8, f.PROTOCOL_ERROR),  # not HTTP/2 at all
-        (f.PREFACE + f.pack_frame(f.DATA, 0, 0, b"x" * 20_000), f.FRAME_SIZE_ERROR),  # over the frame limit
-        (f.PREFACE + f.pack_frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff\xff\xff"), f.COMPRESSION_ERROR),
-        (f.PREFACE + f.pack_frame(f.HEADERS, 0, 1, b"") + f.pack_frame(f.PING, 0, 0, b"1" * 8), f.PROTOCOL_ERROR),
+        (_STARTED + f.pack_frame(f.DATA, 0, 0, b"x" * 20_000), f.FRAME_SIZE_ERROR),  # over the frame limit
+        (_STARTED + f.pack_frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff\xff\xff"), f.COMPRESSION_ERROR),
+        (_STARTED + f.pack_frame(f.HEADERS, 0, 1, b"") + f.pack_frame(f.PING, 0, 0, b"1" * 8), f.PROTOCOL_ERROR),
+        (f.PREFACE + f.pack_frame(f.PING, 0, 0, b"1" * 8), f.PROTOCOL_ERROR),  # the preface's SETTINGS missing
     ],
-    ids=["http1", "oversized-frame", "bad-hpack", "headers-then-ping"],
+    ids=["http1", "oversized-frame", "bad-hpack", "headers-then-ping", "no-settings"],
 )
 def test_broken_clients_lose_their_connection_and_nobody_else_notices(start_gateway, garbage, error_code):
     gateway = start_gateway()

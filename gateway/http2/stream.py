@@ -1,0 +1,69 @@
+"""One HTTP/2 stream's transport state (RFC 9113 section 5.1); owners subclass it for the events."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.http2.connection import Http2Connection
+
+Headers = list[tuple[bytes, bytes]]
+
+LOCAL_STREAM_WINDOW = 1 << 22  # the receive window the gateway opens on every stream (4 MiB)
+
+
+class Stream:
+    """One stream; the connection calls `on_headers`, `on_data` and `on_reset` as frames arrive.
+
+    States map to two flags: open (neither), half-closed (one), closed (both; the connection has
+    forgotten the stream). `on_reset(None)` means the connection was lost; an int is the code of
+    the RST_STREAM that ended the stream: the peer's, or the one this side sent because the
+    peer broke the protocol on it (REFUSED_STREAM for a stream a GOAWAY said the peer never
+    processed). `recv_window` is what the peer may still send on it; `content_length` is what
+    the message's content-length still expects (None without one).
+    """
+
+    auto_credit = True  # return flow-control credit on receipt; False: the owner calls `release`
+
+    __slots__ = (
+        "_recv_unacked",
+        "connection",
+        "content_length",
+        "is_headers_received",
+        "is_local_closed",
+        "is_remote_closed",
+        "pending",
+        "recv_window",
+        "send_window",
+        "stream_id",
+    )  # fmt: skip
+
+    def __init__(self, connection: Http2Connection) -> None:
+        self.connection = connection
+        self.stream_id = 0
+        self.send_window = connection.peer_initial_window
+        self.recv_window = LOCAL_STREAM_WINDOW
+        self.pending: deque[tuple[int, bytes, bool]] | None = None
+        self.is_local_closed = False
+        self.is_remote_closed = False
+        # A server's streams exist once their request headers arrived; a client's wait for the response's.
+        self.is_headers_received = not connection.is_client
+        self.content_length: int | None = None
+        self._recv_unacked = 0
+
+    @property
+    def is_open(self) -> bool:
+        return not (self.is_local_closed and self.is_remote_closed)
+
+    def on_headers(self, headers: Headers, end_stream: bool) -> None:
+        raise NotImplementedError
+
+    def on_data(self, data: bytes, end_stream: bool) -> None:
+        raise NotImplementedError
+
+    def on_reset(self, error_code: int | None) -> None:
+        raise NotImplementedError
+
+    def on_sent(self, num_bytes: int) -> None:
+        """`num_bytes` of this stream's DATA left for the peer (they may have waited for window)."""
