@@ -11,33 +11,33 @@ Receiving follows RFC 9113 as nghttp2 does: every frame is checked (its length a
 acts on it, and each violation gets the error the RFC names: a connection error is GOAWAY with
 that code and the connection closes; a stream error is RST_STREAM on that stream (whose owner
 gets `on_reset(code)`), except on an idle stream, where nothing may be sent, so it becomes a
-connection error. A stream this side reset is remembered for a while, and frames the peer had
-already sent on it are ignored, as RFC 9113 section 5.1 asks. Nothing the peer sends raises out
-of `data_received`; an unexpected exception is logged and closes the connection with
-INTERNAL_ERROR (the fuzz tests check that this never happens).
+connection error. The state of an id without a stream (idle, closed, skipped, reset by this
+side) is `StreamIds`; field blocks in pieces are `PendingFieldBlock`. Nothing the peer sends
+raises out of `data_received`: an unexpected exception is logged and closes the connection
+with INTERNAL_ERROR (the fuzz test holds that this never happens).
 
-Output is gathered and written once per loop iteration, so a response's HEADERS, DATA and
-trailers usually leave in one system call. Flow control follows RFC 9113 section 5.2 both
-ways: data waits in the stream's queue while the peer's window is closed, and a peer that sends
-past the windows the gateway opened (4 MiB a stream) gets FLOW_CONTROL_ERROR. Streams whose
-data the gateway relays onward (`auto_credit = False`) return credit only when the relayed
-bytes have left through the other connection, so a slow reader slows its writer instead of
-filling the gateway's memory.
+Sending (streams, write coalescing, the peer's windows) is `Http2Sender` (sending.py). Flow
+control follows RFC 9113 section 5.2 both ways: data waits in the stream's queue while the
+peer's window is closed, and a peer that sends past the windows the gateway opened (4 MiB a
+stream) gets FLOW_CONTROL_ERROR. Streams whose data the gateway relays onward
+(`auto_credit = False`) return credit only when the relayed bytes have left through the other
+connection, so a slow reader slows its writer instead of filling the gateway's memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 
 from hpack import OversizedHeaderListError
 
 from gateway.http2 import frames as f
 from gateway.http2.errors import HeadersTooLarge, MalformedHeaders, ProtocolViolation
+from gateway.http2.field_block import PendingFieldBlock
 from gateway.http2.header_codec import Decoder
 from gateway.http2.header_rules import check_request, check_response, check_trailers
 from gateway.http2.limits import ENGINE_LIMITS, Http2Limits, ResetBudget
+from gateway.http2.sending import Http2Sender
 from gateway.http2.stream import LOCAL_STREAM_WINDOW, Headers, Stream
 
 __all__ = ["LOCAL_CONNECTION_WINDOW", "LOCAL_STREAM_WINDOW", "Headers", "Http2Connection", "ProtocolViolation",
@@ -46,63 +46,28 @@ __all__ = ["LOCAL_CONNECTION_WINDOW", "LOCAL_STREAM_WINDOW", "Headers", "Http2Co
 logger = logging.getLogger("dpgate.gateway.http2")
 
 LOCAL_CONNECTION_WINDOW = 1 << 30
-DYNAMIC_TABLE_SIZE_ZERO = b"\x20"  # HPACK "dynamic table size update" to 0 (RFC 7541 section 6.3)
-_NUM_REMEMBERED_RESETS = 256  # streams this side reset whose late frames are still ignored
-_NUM_REMEMBERED_GAPS = 16  # ranges of stream ids the peer skipped (never opened)
 # Frames that need an answer (PING, SETTINGS, stream errors) while the peer reads nothing:
 # past this many the peer is flooding (CVE-2019-9512, -9515) and the connection ends.
 _MAX_REPLIES_WHILE_PAUSED = 1024
 
 
-class _PendingBlock:
-    """A field block whose HEADERS frame came without END_HEADERS; CONTINUATION frames follow."""
-
-    __slots__ = ("flags", "fragment", "is_self_dependent", "num_continuations", "started_at", "stream_id")
-
-    def __init__(self, stream_id: int, flags: int, fragment: bytes, is_self_dependent: bool, now: float) -> None:
-        self.stream_id = stream_id
-        self.flags = flags
-        self.fragment = bytearray(fragment)
-        self.is_self_dependent = is_self_dependent
-        self.num_continuations = 0
-        self.started_at = now
-
-
-class Http2Connection(asyncio.Protocol):
+class Http2Connection(Http2Sender, asyncio.Protocol):
     """The frame layer of one connection; see the module docstring. Subclasses set `is_client`."""
 
-    is_client = False
-
     def __init__(self, limits: Http2Limits = ENGINE_LIMITS) -> None:
-        self._loop = asyncio.get_running_loop()
+        super().__init__()
         self.limits = limits
-        self.transport: asyncio.Transport | None = None
-        self.streams: dict[int, Stream] = {}
         self._buffer = bytearray()
         self._decoder = Decoder(max_header_list_size=limits.max_header_block)
-        self._out: list[bytes] = []
-        self._flush_handle: asyncio.Handle | None = None
-        self.send_window = f.DEFAULT_WINDOW
         self.recv_window = f.DEFAULT_WINDOW  # what the peer may still send on the connection
-        self.peer_initial_window = f.DEFAULT_WINDOW
-        self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self.peer_max_streams: int | None = None
         self._recv_unacked = 0
-        self._blocked: set[Stream] = set()
-        self._block: _PendingBlock | None = None
+        self._block: PendingFieldBlock | None = None
         self._awaiting_preface = not self.is_client
         self._awaiting_settings = True  # the peer's first frame must be SETTINGS (RFC 9113 section 3.4)
         self._num_unacked_settings = 0
-        self._peer_parity = 0 if self.is_client else 1  # clients open odd stream ids, servers even
-        self.last_peer_stream_id = 0
-        self._last_local_stream_id = 0
-        self._skipped_ids: deque[tuple[int, int]] = deque(maxlen=_NUM_REMEMBERED_GAPS)
-        self._reset_by_us: dict[int, None] = {}  # insertion-ordered: the oldest is forgotten first
         self._peer_goaway_last_id: int | None = None
-        self.is_closed = False
         self.goaway_received = False
-        self.has_sent_data = False  # HEADERS or DATA written since the owner last cleared it
-        self._is_table_size_set = False
         self._is_write_paused = False
         self._num_replies_while_paused = 0
         now = self._loop.time()
@@ -110,12 +75,16 @@ class Http2Connection(asyncio.Protocol):
             ResetBudget(limits.max_resets_per_second, now) if limits.max_resets_per_second is not None else None
         )
         self.last_frame_time = now
-        self.idle_since = now  # when the last stream closed (meaningful while `streams` is empty)
         # Indexed by frame type; types past CONTINUATION are extensions and are ignored.
         self._handlers = (
             self._on_data, self._on_headers, self._on_priority, self._on_rst_stream, self._on_settings,
             self._on_push_promise, self._on_ping, self._on_goaway, self._on_window_update, self._on_continuation,
         )  # fmt: skip
+
+    @property
+    def field_block_started_at(self) -> float | None:
+        """When the field block still waiting for CONTINUATION frames began (None: none is)."""
+        return None if self._block is None else self._block.started_at
 
     # --- asyncio.Protocol ---------------------------------------------------------------------
 
@@ -209,27 +178,6 @@ class Http2Connection(asyncio.Protocol):
 
     # --- stream states ------------------------------------------------------------------------
 
-    def _is_idle(self, stream_id: int) -> bool:
-        """A stream id not used yet by the side that opens it (RFC 9113 section 5.1)."""
-        if stream_id & 1 == self._peer_parity:
-            return stream_id > self.last_peer_stream_id
-        return stream_id > self._last_local_stream_id
-
-    def _is_skipped(self, stream_id: int) -> bool:
-        """A peer stream id below one it used, which it never opened (implicitly closed)."""
-        return any(low <= stream_id <= high for low, high in self._skipped_ids)
-
-    def _remove(self, stream_id: int) -> None:
-        self.streams.pop(stream_id, None)
-        if not self.streams:
-            self.idle_since = self._loop.time()
-
-    def _remember_reset(self, stream_id: int) -> None:
-        reset_by_us = self._reset_by_us
-        reset_by_us[stream_id] = None
-        if len(reset_by_us) > _NUM_REMEMBERED_RESETS:
-            del reset_by_us[next(iter(reset_by_us))]
-
     def _reply(self, frame: bytes) -> None:
         """Write a frame the peer's frame asked for; a peer that asks while reading nothing is cut off."""
         if self._is_write_paused:
@@ -239,7 +187,7 @@ class Http2Connection(asyncio.Protocol):
         self.write(frame)
 
     def _send_reset(self, stream_id: int, error_code: int) -> None:
-        self._remember_reset(stream_id)
+        self.ids.reset_by_us(stream_id)
         self._reply(f.pack_rst_stream(stream_id, error_code))
 
     def _peer_caused_reset(self) -> None:
@@ -264,15 +212,15 @@ class Http2Connection(asyncio.Protocol):
         stream = self.streams.get(stream_id)
         if stream is not None:
             self._stream_error(stream, error_code)
-        elif self._is_idle(stream_id):
+        elif self.ids.is_idle(stream_id):
             raise ProtocolViolation(error_code, f"{reason} (on an idle stream)")
-        elif stream_id not in self._reset_by_us:
+        elif not self.ids.was_reset_by_us(stream_id):
             self._send_reset(stream_id, error_code)
             self._peer_caused_reset()
 
     def _on_closed_stream(self, stream_id: int) -> None:
         """DATA or HEADERS on a closed stream: STREAM_CLOSED, unless this side reset it (frames in flight)."""
-        if stream_id not in self._reset_by_us:
+        if not self.ids.was_reset_by_us(stream_id):
             self._send_reset(stream_id, f.STREAM_CLOSED)
             self._peer_caused_reset()
 
@@ -294,7 +242,7 @@ class Http2Connection(asyncio.Protocol):
         data = f.strip_padding(payload) if flags & f.PADDED else payload
         stream = self.streams.get(stream_id)
         if stream is None:
-            if self._is_idle(stream_id):
+            if self.ids.is_idle(stream_id):
                 raise ProtocolViolation(f.PROTOCOL_ERROR, "DATA on an idle stream")
             self._on_closed_stream(stream_id)
             return
@@ -334,19 +282,14 @@ class Http2Connection(asyncio.Protocol):
         if flags & f.END_HEADERS:
             self._on_field_block(stream_id, flags, fragment, is_self_dependent)
             return
-        self._block = _PendingBlock(stream_id, flags, fragment, is_self_dependent, self._loop.time())
+        self._block = PendingFieldBlock(stream_id, flags, fragment, is_self_dependent, self._loop.time())
         self.on_field_block_started()
 
     def _on_continuation(self, flags: int, stream_id: int, payload: bytes) -> None:
         block = self._block
-        if block is None or block.stream_id != stream_id:
+        if block is None:
             raise ProtocolViolation(f.PROTOCOL_ERROR, "CONTINUATION without a HEADERS frame before it")
-        block.num_continuations += 1
-        if block.num_continuations > self.limits.max_continuation_frames:
-            raise ProtocolViolation(f.ENHANCE_YOUR_CALM, "too many CONTINUATION frames in one field block")
-        block.fragment += payload
-        if len(block.fragment) > self.limits.max_header_block:
-            raise ProtocolViolation(f.ENHANCE_YOUR_CALM, "field block far over SETTINGS_MAX_HEADER_LIST_SIZE")
+        block.add(stream_id, payload, self.limits)
         if flags & f.END_HEADERS:
             self._block = None
             self._on_field_block(stream_id, block.flags, bytes(block.fragment), block.is_self_dependent)
@@ -362,11 +305,12 @@ class Http2Connection(asyncio.Protocol):
         end_stream = bool(flags & f.END_STREAM)
         stream = self.streams.get(stream_id)
         if stream is None:
-            if not self._is_idle(stream_id):
-                if stream_id & 1 == self._peer_parity and self._is_skipped(stream_id):
+            ids = self.ids
+            if not ids.is_idle(stream_id):
+                if ids.is_peer_initiated(stream_id) and ids.was_skipped(stream_id):
                     raise ProtocolViolation(f.PROTOCOL_ERROR, "stream id lower than one already used")
                 self._on_closed_stream(stream_id)
-            elif stream_id & 1 != self._peer_parity:
+            elif not ids.is_peer_initiated(stream_id):
                 raise ProtocolViolation(f.PROTOCOL_ERROR, "HEADERS on a stream id the peer may not open")
             elif self.is_client:
                 raise ProtocolViolation(f.PROTOCOL_ERROR, "a server opened a stream (push is disabled)")
@@ -408,10 +352,7 @@ class Http2Connection(asyncio.Protocol):
 
     def _open_peer_stream(self, stream_id: int, headers: Headers, end_stream: bool, is_self_dependent: bool) -> None:
         """A request's HEADERS on a new stream id (server role): the stream opens, or is reset at once."""
-        expected = self.last_peer_stream_id + 2 if self.last_peer_stream_id else 1
-        if stream_id > expected:
-            self._skipped_ids.append((expected, stream_id - 2))
-        self.last_peer_stream_id = stream_id
+        self.ids.opened_by_peer(stream_id)
         limit = self.limits.max_concurrent_streams
         content_length = None
         try:
@@ -454,7 +395,7 @@ class Http2Connection(asyncio.Protocol):
             raise ProtocolViolation(f.FRAME_SIZE_ERROR, "RST_STREAM length is not 4")
         stream = self.streams.get(stream_id)
         if stream is None:
-            if self._is_idle(stream_id):
+            if self.ids.is_idle(stream_id):
                 raise ProtocolViolation(f.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
             return  # closed already: nothing to do
         was_working = not stream.is_local_closed
@@ -531,7 +472,7 @@ class Http2Connection(asyncio.Protocol):
             return
         stream = self.streams.get(stream_id)
         if stream is None:
-            if self._is_idle(stream_id):
+            if self.ids.is_idle(stream_id):
                 raise ProtocolViolation(f.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
             return  # closed: an update sent before the peer learned it, ignored
         if increment == 0:
@@ -554,12 +495,6 @@ class Http2Connection(asyncio.Protocol):
             stream.recv_window += stream._recv_unacked
             stream._recv_unacked = 0
 
-    def _unblock(self) -> None:
-        for stream in list(self._blocked):
-            if self.send_window <= 0:
-                return
-            self._drain(stream)
-
     # --- hooks for subclasses -----------------------------------------------------------------
 
     def on_new_stream(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
@@ -579,8 +514,8 @@ class Http2Connection(asyncio.Protocol):
 
     def on_goaway(self, last_stream_id: int, error_code: int) -> None:
         """The peer will process none of our streams above `last_stream_id`; those are reset as refused."""
-        peer_parity = self._peer_parity
-        refused = [sid for sid in self.streams if sid > last_stream_id and sid & 1 != peer_parity]
+        ids = self.ids
+        refused = [sid for sid in self.streams if sid > last_stream_id and not ids.is_peer_initiated(sid)]
         for stream_id in refused:
             stream = self.streams[stream_id]
             self._remove(stream_id)
@@ -592,142 +527,3 @@ class Http2Connection(asyncio.Protocol):
 
     def on_ping_ack(self, payload: bytes) -> None:
         """An ack of one of our pings arrived."""
-
-    # --- sending ------------------------------------------------------------------------------
-
-    def write(self, data: bytes) -> None:
-        """Queue bytes; everything queued in one loop iteration leaves in one write."""
-        self._out.append(data)
-        if self._flush_handle is None and not self.is_closed:
-            self._flush_handle = self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_handle = None
-        out = self._out
-        if out and not self.is_closed and self.transport is not None:
-            self._out = []
-            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
-
-    def add_stream(self, stream: Stream, stream_id: int) -> None:
-        stream.stream_id = stream_id
-        self.streams[stream_id] = stream
-        if stream_id & 1 != self._peer_parity and stream_id > self._last_local_stream_id:
-            self._last_local_stream_id = stream_id
-
-    def send_headers(self, stream: Stream, block: bytes, end_stream: bool = False) -> None:
-        if stream.is_local_closed:
-            return
-        if stream.pending:
-            stream.pending.append((f.HEADERS, block, end_stream))
-            return
-        self._write_headers(stream, block, end_stream)
-
-    def _write_headers(self, stream: Stream, block: bytes, end_stream: bool) -> None:
-        self.has_sent_data = True
-        if not self._is_table_size_set:
-            # Our blocks never use the dynamic table; saying its size is 0 once makes that
-            # official, so no later SETTINGS_HEADER_TABLE_SIZE from the peer needs an answer.
-            self._is_table_size_set = True
-            block = DYNAMIC_TABLE_SIZE_ZERO + block
-        flags = f.END_STREAM if end_stream else 0
-        max_frame = self.peer_max_frame
-        if len(block) <= max_frame:
-            self.write(f.pack_frame(f.HEADERS, flags | f.END_HEADERS, stream.stream_id, block))
-        else:
-            self.write(f.pack_frame(f.HEADERS, flags, stream.stream_id, block[:max_frame]))
-            for start in range(max_frame, len(block), max_frame):
-                last = start + max_frame >= len(block)
-                chunk = block[start : start + max_frame]
-                self.write(f.pack_frame(f.CONTINUATION, f.END_HEADERS if last else 0, stream.stream_id, chunk))
-        if end_stream:
-            self._close_local(stream)
-
-    def send_data(self, stream: Stream, data: bytes, end_stream: bool = False) -> None:
-        if stream.is_local_closed:
-            return
-        length = len(data)
-        if (
-            stream.pending is None
-            and length <= self.send_window
-            and length <= stream.send_window
-            and length <= self.peer_max_frame
-        ):
-            self.send_window -= length
-            stream.send_window -= length
-            self.has_sent_data = True
-            self.write(f.pack_frame(f.DATA, f.END_STREAM if end_stream else 0, stream.stream_id, data))
-            if end_stream:
-                self._close_local(stream)
-            stream.on_sent(length)
-            return
-        if stream.pending is None:
-            stream.pending = deque()
-        stream.pending.append((f.DATA, data, end_stream))
-        self._drain(stream)
-
-    def _drain(self, stream: Stream) -> None:
-        """Send what the windows allow from the stream's queue, in order."""
-        pending = stream.pending
-        assert pending is not None
-        while pending:
-            kind, data, end_stream = pending[0]
-            if kind == f.HEADERS:
-                pending.popleft()
-                self._write_headers(stream, data, end_stream)
-                continue
-            allowed = min(self.send_window, stream.send_window, self.peer_max_frame)
-            if len(data) > allowed:
-                if allowed <= 0:
-                    self._blocked.add(stream)
-                    return
-                pending[0] = (kind, data[allowed:], end_stream)
-                data, end_stream = data[:allowed], False
-            else:
-                pending.popleft()
-            self.send_window -= len(data)
-            stream.send_window -= len(data)
-            self.has_sent_data = True
-            self.write(f.pack_frame(f.DATA, f.END_STREAM if end_stream else 0, stream.stream_id, data))
-            if end_stream:
-                self._close_local(stream)
-            stream.on_sent(len(data))
-        stream.pending = None
-        self._blocked.discard(stream)
-
-    def _close_local(self, stream: Stream) -> None:
-        stream.is_local_closed = True
-        if stream.is_remote_closed:
-            self._remove(stream.stream_id)
-
-    def _forget(self, stream: Stream) -> None:
-        stream.is_local_closed = stream.is_remote_closed = True
-        stream.pending = None
-        self._blocked.discard(stream)
-
-    def reset_stream(self, stream: Stream, error_code: int = f.CANCEL) -> None:
-        """End a stream at once (no event is delivered to it)."""
-        if stream.stream_id in self.streams:
-            self._remove(stream.stream_id)
-            if not self.is_closed:
-                self._remember_reset(stream.stream_id)
-                self.write(f.pack_rst_stream(stream.stream_id, error_code))
-        self._forget(stream)
-
-    def send_ping(self, payload: bytes) -> None:
-        self.write(f.pack_frame(f.PING, 0, 0, payload))
-
-    def send_goaway(self, error_code: int = f.NO_ERROR, debug: bytes = b"") -> None:
-        self.write(f.pack_goaway(self.last_peer_stream_id, error_code, debug))
-
-    def close(self, error_code: int = f.NO_ERROR, debug: bytes = b"") -> None:
-        """Say GOAWAY and close; streams still open get `on_reset(None)` from connection_lost."""
-        if self.is_closed or self.transport is None:
-            return
-        self.send_goaway(error_code, debug)
-        self._flush()
-        self.is_closed = True
-        self._block = None
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        self.transport.close()
