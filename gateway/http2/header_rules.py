@@ -29,20 +29,29 @@ _NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+")
 _CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"))
 _METHOD, _SCHEME, _AUTHORITY, _PATH = 1, 2, 4, 8
 _REQUEST_PSEUDO = {b":method": _METHOD, b":scheme": _SCHEME, b":authority": _AUTHORITY, b":path": _PATH}
-# Names already found valid: the same dozen names arrive on every call, so most checks are one
-# set lookup. The cap keeps a client inventing names from growing it without bound.
-_valid_names: set[bytes] = set()
-_MAX_CACHED_NAMES = 4096
+# Regular fields (name and value) already found valid: the same dozen arrive on every call, so
+# most fields cost one set lookup. The caps keep a client inventing fields from growing it.
+_valid_fields: set[tuple[bytes, bytes]] = set()
+_valid_names: set[bytes] = set()  # names alone, for fields whose values change (grpc-timeout)
+_MAX_CACHED_FIELDS = 4096
+_MAX_CACHED_VALUE = 256
+# Never cached: the fields the rules read, and gRPC's deadline (a new value on every call).
+_UNCACHED = frozenset((b"te", b"content-length", b"host", b"grpc-timeout"))
 _FIELD_OVERHEAD = 32  # RFC 9113 section 6.5.2: each field counts its name, value and 32 bytes
 
 
-def _check_name(name: bytes) -> None:
-    if _NAME.fullmatch(name) is None:
-        raise MalformedHeaders(f"invalid field name {name[:64]!r}")
-    if name in _CONNECTION_SPECIFIC:
-        raise MalformedHeaders(f"connection-specific field {name.decode()}")
-    if len(_valid_names) < _MAX_CACHED_NAMES:
-        _valid_names.add(name)
+def _check_regular(name: bytes, value: bytes) -> None:
+    """A regular field's name and value; valid ones the rules do not read are cached."""
+    if name not in _valid_names:
+        if _NAME.fullmatch(name) is None:
+            raise MalformedHeaders(f"invalid field name {name[:64]!r}")
+        if name in _CONNECTION_SPECIFIC:
+            raise MalformedHeaders(f"connection-specific field {name.decode()}")
+        if len(_valid_names) < _MAX_CACHED_FIELDS:
+            _valid_names.add(name)
+    _check_value(value)
+    if name not in _UNCACHED and len(value) <= _MAX_CACHED_VALUE and len(_valid_fields) < _MAX_CACHED_FIELDS:
+        _valid_fields.add((name, value))
 
 
 def _check_value(value: bytes) -> None:
@@ -65,19 +74,25 @@ def check_request(headers: Headers, max_list_size: int) -> int | None:
     is_regular = False
     method = path = scheme = authority = host = None
     content_length = None
-    size = 0
-    valid_names = _valid_names
-    for name, value in headers:
-        size += len(name) + len(value) + _FIELD_OVERHEAD
+    size = _FIELD_OVERHEAD * len(headers)
+    valid = _valid_fields
+    for field in headers:
+        name, value = field
+        size += len(name) + len(value)
+        if field in valid:
+            is_regular = True
+            continue
         if name[:1] == b":":
             if is_regular:
-                raise MalformedHeaders(f"pseudo-header {name.decode(errors='replace')} after a regular field")
+                raise MalformedHeaders(f"pseudo-header {name[:64].decode(errors='replace')} after a regular field")
             bit = _REQUEST_PSEUDO.get(name)
             if bit is None:
                 raise MalformedHeaders(f"pseudo-header {name[:64].decode(errors='replace')} is not a request's")
             if seen & bit:
                 raise MalformedHeaders(f"pseudo-header {name.decode()} twice")
             seen |= bit
+            if b"\n" in value or b"\r" in value or b"\x00" in value:
+                raise MalformedHeaders("field value with NUL, CR or LF")
             if bit == _PATH:
                 path = value
             elif bit == _METHOD:
@@ -86,18 +101,17 @@ def check_request(headers: Headers, max_list_size: int) -> int | None:
                 scheme = value
             else:
                 authority = value
-        else:
-            is_regular = True
-            if name not in valid_names:
-                _check_name(name)
-            if name == b"te":
-                if value != b"trailers":
-                    raise MalformedHeaders("te other than trailers")
-            elif name == b"content-length":
-                content_length = _content_length(value, content_length)
-            elif name == b"host":
-                host = value
-        _check_value(value)
+            continue
+        is_regular = True
+        if name == b"te":  # in every gRPC request, and never cached (it means something here)
+            if value != b"trailers":
+                raise MalformedHeaders("te other than trailers")
+            continue
+        _check_regular(name, value)
+        if name == b"content-length":
+            content_length = _content_length(value, content_length)
+        elif name == b"host":
+            host = value
     if size > max_list_size:
         raise HeadersTooLarge(size)
     if method == b"CONNECT":
@@ -119,10 +133,14 @@ def check_response(headers: Headers, max_list_size: int) -> tuple[int, int | Non
     status = None
     is_regular = False
     content_length = None
-    size = 0
-    valid_names = _valid_names
-    for name, value in headers:
-        size += len(name) + len(value) + _FIELD_OVERHEAD
+    size = _FIELD_OVERHEAD * len(headers)
+    valid = _valid_fields
+    for field in headers:
+        name, value = field
+        size += len(name) + len(value)
+        if field in valid:
+            is_regular = True
+            continue
         if name[:1] == b":":
             if is_regular:
                 raise MalformedHeaders("pseudo-header after a regular field")
@@ -133,15 +151,13 @@ def check_response(headers: Headers, max_list_size: int) -> tuple[int, int | Non
             if len(value) != 3 or not value.isdigit():
                 raise MalformedHeaders(":status is not three digits")
             status = int(value)
-        else:
-            is_regular = True
-            if name not in valid_names:
-                _check_name(name)
-            if name == b"te":
-                raise MalformedHeaders("te in a response")
-            if name == b"content-length":
-                content_length = _content_length(value, content_length)
-        _check_value(value)
+            continue
+        is_regular = True
+        _check_regular(name, value)
+        if name == b"te":
+            raise MalformedHeaders("te in a response")
+        if name == b"content-length":
+            content_length = _content_length(value, content_length)
     if size > max_list_size:
         raise HeadersTooLarge(size)
     if status is None:
@@ -153,16 +169,17 @@ def check_response(headers: Headers, max_list_size: int) -> tuple[int, int | Non
 
 def check_trailers(headers: Headers, max_list_size: int) -> None:
     """A trailer block (either direction): regular fields only."""
-    size = 0
-    valid_names = _valid_names
-    for name, value in headers:
-        size += len(name) + len(value) + _FIELD_OVERHEAD
-        if name not in valid_names:
-            if name[:1] == b":":
-                raise MalformedHeaders("pseudo-header in trailers")
-            _check_name(name)
+    size = _FIELD_OVERHEAD * len(headers)
+    valid = _valid_fields
+    for field in headers:
+        name, value = field
+        size += len(name) + len(value)
+        if field in valid:
+            continue
+        if name[:1] == b":":
+            raise MalformedHeaders("pseudo-header in trailers")
+        _check_regular(name, value)
         if name == b"te":
             raise MalformedHeaders("te in trailers")
-        _check_value(value)
     if size > max_list_size:
         raise HeadersTooLarge(size)
