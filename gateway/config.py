@@ -16,6 +16,11 @@ from gateway.routing.policies import POLICIES
 MAX_PORT = 65535
 # gRPC takes message limits as a C int.
 MAX_MESSAGE_BYTES_LIMIT = 2**31 - 1
+# The front door's HTTP/2 limits: the ranges a flag may take (RFC 9113 caps streams at 2^31-1;
+# the header and HPACK caps keep one connection's memory bounded).
+MAX_STREAMS_LIMIT = 2**31 - 1
+HEADER_LIST_SIZE_RANGE = (1024, 16 << 20)
+HPACK_TABLE_SIZE_LIMIT = 1 << 16
 # Hosts that reach this machine, for the "engine is the gateway itself" rule.
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "[::1]", "0.0.0.0", "localhost"})
 
@@ -31,6 +36,14 @@ class GatewayConfig:
     `port` 0 asks the OS for a free port (the gateway logs the one it bound). `metrics_port` None
     disables the metrics endpoint. `api_keys` empty disables authentication. `max_in_flight` None
     means no gateway-wide limit on concurrent calls.
+
+    The front door's HTTP/2 limits (docs/gateway.md, "Limits"): `max_concurrent_streams` and
+    `max_header_list_size` are advertised in SETTINGS and enforced; `max_connections` caps open
+    client connections; `header_timeout_s` is how long a new connection has for its preface and
+    first request's headers (and any field block for its CONTINUATION frames);
+    `idle_timeout_s` closes a connection with no open stream for that long; `hpack_table_size`
+    caps a client's HPACK dynamic table; `max_continuation_frames` caps one field block's
+    CONTINUATION frames; `max_resets_per_second` is the rapid-reset guard.
 
     `ready_data_parallel_size` decides when health first turns SERVING. None (`dpgate gateway`):
     whenever any engine is routable. N (`dpgate serve --data-parallel-size N`, which started the N
@@ -53,6 +66,14 @@ class GatewayConfig:
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 20.0
     min_client_ping_interval_s: float = 5.0
+    max_concurrent_streams: int = 1000
+    max_header_list_size: int = 16 * 1024
+    max_connections: int = 4096
+    header_timeout_s: float = 10.0
+    idle_timeout_s: float = 300.0
+    hpack_table_size: int = 4096
+    max_continuation_frames: int = 32
+    max_resets_per_second: int = 200
     drain_grace_s: float = 5.0
     shutdown_timeout_s: float = 30.0
     health_interval_s: float = 1.0
@@ -192,6 +213,22 @@ def _check_limits(config: GatewayConfig) -> None:
             raise ConfigError("--api-key values must be non-empty printable ASCII without spaces.")
 
 
+def _check_http2_limits(config: GatewayConfig) -> None:
+    if not 1 <= config.max_concurrent_streams <= MAX_STREAMS_LIMIT:
+        value = config.max_concurrent_streams
+        raise ConfigError(f"--max-concurrent-streams {value} must be in 1..{MAX_STREAMS_LIMIT}.")
+    low, high = HEADER_LIST_SIZE_RANGE
+    if not low <= config.max_header_list_size <= high:
+        raise ConfigError(f"--max-header-list-size {config.max_header_list_size} must be in {low}..{high}.")
+    if not 0 <= config.hpack_table_size <= HPACK_TABLE_SIZE_LIMIT:
+        raise ConfigError(f"--hpack-table-size {config.hpack_table_size} must be in 0..{HPACK_TABLE_SIZE_LIMIT}.")
+    _check_at_least_one(config.max_connections, "--max-connections")
+    _check_at_least_one(config.max_continuation_frames, "--max-continuation-frames")
+    _check_at_least_one(config.max_resets_per_second, "--max-resets-per-second")
+    _check_positive(config.header_timeout_s, "--header-timeout")
+    _check_positive(config.idle_timeout_s, "--idle-timeout")
+
+
 def validate_config(config: GatewayConfig) -> GatewayConfig:
     """Check every rule; return the config with parsed engine addresses, or raise ConfigError."""
     _check_port(config.port, "--port", allow_zero=True)
@@ -206,6 +243,7 @@ def validate_config(config: GatewayConfig) -> GatewayConfig:
     _check_tls(config)
     _check_timing(config)
     _check_limits(config)
+    _check_http2_limits(config)
     return replace(config, engine_addresses=addresses)
 
 

@@ -9,6 +9,14 @@ Keepalive follows gRPC's server rules: the gateway pings a connection that has b
 ping after anything the gateway sent it; pings with nothing sent in between must be
 `min_client_ping_interval_s` apart, and the third that is not ends the connection with GOAWAY
 ENHANCE_YOUR_CALM "too_many_pings", as gRPC's servers do.
+
+The limits a public front door needs come from the flags (`front_door_limits`): streams per
+connection and header list size (advertised in SETTINGS and enforced by the connection), HPACK
+table size, CONTINUATION frames per field block and the rapid-reset guard (in the connection),
+and here: the cap on open connections (one more gets GOAWAY ENHANCE_YOUR_CALM at once), the
+header timeout (a new connection must deliver its preface and first request's headers within
+it, and any field block its CONTINUATION frames: slowloris), and the idle timeout (GOAWAY
+NO_ERROR to a connection that has had no open stream for that long).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from gateway.grpc_wire import RESPONSE_HEADERS, status_trailers
 from gateway.http2 import frames as f
 from gateway.http2.connection import Headers, Http2Connection, Stream
 from gateway.http2.header_codec import encode_literal
+from gateway.http2.limits import Http2Limits
 
 logger = logging.getLogger("dpgate.gateway.front_door")
 _MAX_PING_STRIKES = 2
@@ -102,11 +111,24 @@ class ServerCall(Stream):
         self.finish(status_trailers(code, message))
 
 
+def front_door_limits(config: GatewayConfig) -> Http2Limits:
+    """What every client connection allows its client (the limits enforced in gateway/http2/)."""
+    return Http2Limits(
+        max_concurrent_streams=config.max_concurrent_streams,
+        max_header_list_size=config.max_header_list_size,
+        header_table_size=config.hpack_table_size,
+        max_continuation_frames=config.max_continuation_frames,
+        max_resets_per_second=config.max_resets_per_second,
+    )
+
+
 class ClientConnection(Http2Connection):
     """One client's connection (server role)."""
 
-    def __init__(self, opener: CallOpener, config: GatewayConfig, connections: set[ClientConnection]) -> None:
-        super().__init__()
+    def __init__(
+        self, opener: CallOpener, config: GatewayConfig, connections: set[ClientConnection], limits: Http2Limits
+    ) -> None:
+        super().__init__(limits)
         self._opener = opener
         self._config = config
         self._connections = connections
@@ -114,16 +136,27 @@ class ClientConnection(Http2Connection):
         self._ping_strikes = 0
         self._keepalive: asyncio.TimerHandle | None = None
         self._ping_outstanding = False
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        config = self._config
+        if len(self._connections) >= config.max_connections:
+            logger.debug("refusing a client connection: %d are open", len(self._connections))
+            self.close(f.ENHANCE_YOUR_CALM, b"too_many_connections")
+            return
         self._connections.add(self)
-        self._keepalive = self._loop.call_later(self._config.keepalive_time_s, self._keepalive_tick)
+        call_later = self._loop.call_later
+        self._keepalive = call_later(config.keepalive_time_s, self._keepalive_tick)
+        self._header_timer = call_later(config.header_timeout_s, self._header_deadline)
+        self._idle_timer = call_later(config.idle_timeout_s, self._idle_tick)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._connections.discard(self)
-        if self._keepalive is not None:
-            self._keepalive.cancel()
+        for timer in (self._keepalive, self._header_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
         super().connection_lost(exc)
 
     def on_new_stream(self, stream_id: int, headers: Headers, end_stream: bool) -> None:
@@ -132,6 +165,53 @@ class ClientConnection(Http2Connection):
         if end_stream:
             call.is_remote_closed = True
         self._opener.open_call(call, end_stream)
+
+    def on_oversized_request(self, stream_id: int, end_stream: bool, size: int) -> None:
+        # The gRPC form of HTTP's 431: a status the client can read, not a bare reset.
+        call = ServerCall(self, [])
+        self.add_stream(call, stream_id)
+        call.is_remote_closed = end_stream
+        limit = self.limits.max_header_list_size
+        call.refuse(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"request headers of {size} bytes are larger than the gateway's limit of {limit} bytes",
+        )
+
+    # --- deadlines: first request, field blocks, idleness -------------------------------------
+
+    def on_field_block_started(self) -> None:
+        if self._header_timer is None:
+            self._header_timer = self._loop.call_later(self._config.header_timeout_s, self._header_deadline)
+
+    def _header_deadline(self) -> None:
+        """Close a connection whose first request, or whose current field block, is overdue."""
+        self._header_timer = None
+        if self.is_closed:
+            return
+        timeout = self._config.header_timeout_s
+        if self.last_peer_stream_id == 0:
+            logger.debug("closing a client connection that sent no request within %.1f s", timeout)
+            self.close(f.NO_ERROR, b"no request headers in time")
+            return
+        started_at = self.field_block_started_at
+        if started_at is None:
+            return
+        late_by = self._loop.time() - started_at - timeout
+        if late_by >= 0:
+            logger.debug("closing a client connection whose header block took over %.1f s", timeout)
+            self.close(f.ENHANCE_YOUR_CALM, b"header block not finished in time")
+        else:
+            self._header_timer = self._loop.call_later(-late_by, self._header_deadline)
+
+    def _idle_tick(self) -> None:
+        if self.is_closed:
+            return
+        timeout = self._config.idle_timeout_s
+        idle_for = 0.0 if self.streams else self._loop.time() - self.idle_since
+        if idle_for >= timeout:
+            self.close(f.NO_ERROR, b"idle")
+        else:
+            self._idle_timer = self._loop.call_later(timeout - idle_for, self._idle_tick)
 
     # --- keepalive ----------------------------------------------------------------------------
 
@@ -188,8 +268,9 @@ async def listen(opener: CallOpener, config: GatewayConfig, connections: set[Cli
     """Bind the front door; `connections` is kept up to date with the open client connections."""
     loop = asyncio.get_running_loop()
     host = config.host.strip("[]")
+    limits = front_door_limits(config)
     return await loop.create_server(
-        lambda: ClientConnection(opener, config, connections),
+        lambda: ClientConnection(opener, config, connections, limits),
         host,
         config.port,
         ssl=tls_context(config),

@@ -41,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--keepalive-timeout", type=float, default=d.keepalive_timeout_s, help="seconds to await a ping ack")
     add("--min-client-ping-interval", type=float, default=d.min_client_ping_interval_s,
         help="shortest accepted interval between client keepalive pings, seconds")
+    add_limit_arguments(parser)
     add("--drain-grace", type=float, default=d.drain_grace_s,
         help="seconds between NOT_SERVING and refusing new calls on SIGTERM")
     add("--shutdown-timeout", type=float, default=d.shutdown_timeout_s,
@@ -54,6 +55,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--breaker-open-seconds", type=float, default=d.breaker_open_s,
         help="seconds an open circuit waits before trying the engine again")
     add("--log-json", action="store_true", help="log one JSON object a line")
+
+
+def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
+    """The front door's HTTP/2 limits (shared with `dpgate serve`; docs/gateway.md, "Limits")."""
+    d = _DEFAULTS
+    add = parser.add_argument
+    add("--max-concurrent-streams", type=int, default=d.max_concurrent_streams,
+        help="SETTINGS_MAX_CONCURRENT_STREAMS advertised to each client connection; streams past it are refused")
+    add("--max-header-list-size", type=int, default=d.max_header_list_size,
+        help="SETTINGS_MAX_HEADER_LIST_SIZE: largest request header list, bytes (RFC 9113 counting)")
+    add("--max-connections", type=int, default=d.max_connections, help="most client connections open at once")
+    add("--header-timeout", type=float, default=d.header_timeout_s,
+        help="seconds a new connection has for its preface and first request; any header block for all its frames")
+    add("--idle-timeout", type=float, default=d.idle_timeout_s,
+        help="seconds a client connection may stay without an open stream before GOAWAY")
+    add("--hpack-table-size", type=int, default=d.hpack_table_size,
+        help="SETTINGS_HEADER_TABLE_SIZE: the cap on a client's HPACK dynamic table, bytes")
+    add("--max-continuation-frames", type=int, default=d.max_continuation_frames,
+        help="most CONTINUATION frames in one header block")
+    add("--max-resets-per-second", type=int, default=d.max_resets_per_second,
+        help="rapid-reset guard: streams a client may cancel (or make the gateway reset) per second and in a burst")
+
+
+def limits_from_args(args: argparse.Namespace) -> dict[str, int | float]:
+    """The GatewayConfig fields `add_limit_arguments` fills."""
+    return {
+        "max_concurrent_streams": args.max_concurrent_streams,
+        "max_header_list_size": args.max_header_list_size,
+        "max_connections": args.max_connections,
+        "header_timeout_s": args.header_timeout,
+        "idle_timeout_s": args.idle_timeout,
+        "hpack_table_size": args.hpack_table_size,
+        "max_continuation_frames": args.max_continuation_frames,
+        "max_resets_per_second": args.max_resets_per_second,
+    }
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -76,6 +112,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         keepalive_time_s=args.keepalive_time,
         keepalive_timeout_s=args.keepalive_timeout,
         min_client_ping_interval_s=args.min_client_ping_interval,
+        **limits_from_args(args),
         drain_grace_s=args.drain_grace,
         shutdown_timeout_s=args.shutdown_timeout,
         health_interval_s=args.health_interval,

@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 from gateway.config import ConfigError, GatewayConfig, validate_config
+from gateway.gateway_command import add_limit_arguments, limits_from_args
 from gateway.logs import configure_logging
 
 logger = logging.getLogger("dpgate.serve")
@@ -45,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--api-key", action="append", default=[], help="accept `authorization: Bearer KEY` (repeatable)")
     add("--log-json", action="store_true", help="gateway logs one JSON object a line")
+    add_limit_arguments(parser)
 
 
 def free_local_port() -> int:
@@ -115,6 +117,7 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
             metrics_port=args.metrics_port,
             api_keys=tuple(args.api_key),
             log_json=args.log_json,
+            **limits_from_args(args),
             # Health says SERVING only once every engine started here passed the handshake.
             ready_data_parallel_size=args.data_parallel_size,
             # Engines load a model before answering; a short drain keeps Ctrl-C snappy.
