@@ -14,6 +14,7 @@ section 5.1.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import grpc
@@ -540,8 +541,14 @@ CASES: list[Case] = [
 
 
 @pytest.fixture(scope="module")
-def gateway(log_dir):
-    with running_synthetic_engine(log_dir) as engine, gateway_starter(engine, log_dir) as start:
+def engine(log_dir):
+    with running_synthetic_engine(log_dir) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def gateway(engine, log_dir):
+    with gateway_starter(engine, log_dir) as start:
         gateway = start("--max-concurrent-streams", str(MAX_STREAMS), name="gateway-h2spec")
         gateway.wait_ranks([0])
         yield gateway
@@ -578,3 +585,29 @@ def test_h2spec_case(case: Case, gateway):
     run_case(case, gateway.port)
     with grpc.insecure_channel(gateway.address) as channel:  # a fresh connection is served normally
         assert inference_stub(channel).Generate(generate_request(2), timeout=10).text == "xx"
+
+
+def wait_running(engine, count: int) -> None:
+    deadline = time.monotonic() + 5
+    while engine.load().num_running != count:
+        assert time.monotonic() < deadline, f"the engine runs {engine.load().num_running} calls, not {count}"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [raw(f.RST_STREAM, 0, 1, b"\x00" * 3), raw(f.WINDOW_UPDATE, 0, 1, b"\x00" * 5), headers(0)],
+    ids=["short RST_STREAM", "long WINDOW_UPDATE", "HEADERS on stream 0"],
+)
+def test_a_connection_error_cancels_the_engine_calls_it_carried(breakage, gateway, engine):
+    """The old relay raised struct.error on these and left the engine's stream running."""
+    client = H2Client(gateway.port)
+    try:
+        client.handshake(*WINDOW_ZERO)
+        client.send(endless_call(1))
+        wait_running(engine, 1)
+        client.send(breakage)
+        GoAway(FRAME if breakage[3] != f.HEADERS else PROTO).check(client)
+        wait_running(engine, 0)
+    finally:
+        client.close()
