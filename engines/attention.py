@@ -19,11 +19,15 @@ Two ways to compute it, chosen once per engine (engines/numerics.py) and named b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from engines import kernels
+
+if TYPE_CHECKING:
+    from engines.parallel.dcp_exchange import DcpExchange
 
 
 class KVCache:
@@ -76,6 +80,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     logits_indices: torch.Tensor
     kernel_isa: str | None = None
+    kv_rows: torch.Tensor | None = None  # rows whose keys and values this rank stores; None: all
+    dcp: DcpStep | None = None  # decode context parallelism, when the TP group splits the KV tokens
     block_tables: torch.Tensor | None = None
     token_seq: torch.Tensor | None = None
     decode_rows: torch.Tensor | None = None
@@ -119,8 +125,12 @@ def attend(
     """
     num_tokens, num_heads, head_dim = q.shape
     keys, values = cache.keys[layer_index], cache.values[layer_index]
+    if meta.kv_rows is not None:  # with DCP a rank stores only the positions it holds
+        k, v = k[meta.kv_rows], v[meta.kv_rows]
     keys.index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
     values.index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
+    if meta.dcp is not None:
+        return _attend_context_parallel(q, keys, values, cache, meta, scale, sliding_window)
     if meta.kernel_isa is not None:
         out = kernels.attention(
             q.contiguous(), keys, values, meta.block_tables, meta.token_seq, meta.positions,
@@ -140,6 +150,32 @@ def attend(
         rows = slice(chunk.query_start, chunk.query_start + chunk.query_len)
         out[rows] = _prefill(q[rows], keys, values, chunk, cache.block_size, scale, sliding_window)
     return out.reshape(num_tokens, num_heads * head_dim)
+
+
+@dataclass(frozen=True, slots=True)
+class DcpStep:
+    """A rank's place in its decode-context-parallel group, and the group's exchange."""
+
+    exchange: DcpExchange
+    dcp_size: int
+    dcp_rank: int
+    interleave: int
+
+
+def _attend_context_parallel(q, keys, values, cache: KVCache, meta: AttentionMetadata, scale, sliding_window):
+    """DESIGN.md's DCP attention: gather the group's queries, attend over this rank's keys with
+    all the group's heads (output and LSE), exchange the partials and combine this rank's heads."""
+    num_tokens, num_heads, head_dim = q.shape
+    dcp = meta.dcp
+    group_q = dcp.exchange.gather_queries(q.float())
+    if q.dtype != torch.float32:
+        group_q = group_q.to(q.dtype)
+    partial, lse = kernels.attention_shard(
+        group_q.contiguous(), keys, values, meta.block_tables, meta.token_seq, meta.positions, cache.block_size,
+        scale, sliding_window, dcp.dcp_size, dcp.dcp_rank, dcp.interleave, meta.kernel_isa,
+    )  # fmt: skip
+    out = dcp.exchange.combine_partials(partial.float(), lse, meta.kernel_isa)
+    return out.to(q.dtype).reshape(num_tokens, num_heads * head_dim)
 
 
 def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor, block_size: int) -> torch.Tensor:

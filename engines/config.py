@@ -6,10 +6,12 @@ A bad value ends start-up with exit status 2 and one sentence naming the flag an
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from engines.model_source import DEFAULT_MODEL
 from engines.numerics import AUTO_DTYPE
+from engines.parallel.plan import ParallelConfigError, ParallelPlan
 from engines.scheduler import SchedulerConfig
 
 # Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
@@ -42,6 +44,14 @@ class EngineConfig:
     num_threads: int | None = None
     quantization: str = "int8"
     batch_invariant: bool = True
+    tensor_parallel_size: int = 1
+    decode_context_parallel_size: int = 1
+    dcp_kv_interleave: int = 1
+    allow_oversubscribe: bool = False
+
+    @property
+    def parallel_plan(self) -> ParallelPlan:
+        return ParallelPlan(self.tensor_parallel_size, self.decode_context_parallel_size, self.dcp_kv_interleave)
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
@@ -86,6 +96,14 @@ class EngineConfig:
             raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
         if self.max_waiting < 0:
             raise ConfigError(f"--max-waiting {self.max_waiting} must be >= 0")
+        try:
+            self.parallel_plan.check_flags(self.block_size, os.cpu_count() or 1, self.allow_oversubscribe)
+        except ParallelConfigError as error:
+            raise ConfigError(str(error)) from error
+        if self.decode_context_parallel_size > 1 and not self.batch_invariant:
+            raise ConfigError(
+                "--decode-context-parallel-size above 1 needs the batch-invariant kernels; drop --no-batch-invariant"
+            )
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -108,6 +126,10 @@ class EngineConfig:
             num_threads=args.num_threads,
             quantization=args.quantization,
             batch_invariant=args.batch_invariant,
+            tensor_parallel_size=args.tensor_parallel_size,
+            decode_context_parallel_size=args.decode_context_parallel_size,
+            dcp_kv_interleave=args.dcp_kv_interleave,
+            allow_oversubscribe=args.allow_oversubscribe,
         )
 
 
@@ -163,11 +185,40 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="compute with dpgate's batch-invariant kernels, so a request's tokens and logprobs never depend "
         "on its batch (the default); --no-batch-invariant uses torch's kernels",
     )
+    add_parallel_arguments(parser)
     parser.add_argument(
         "--num-threads",
         type=int,
         default=None,
         help="torch compute threads; give engines that share a host a share of its cores (default: all)",
+    )
+
+
+def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine's parallelism flags; `dpgate serve` passes them on to every engine."""
+    parser.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="processes that split each layer's weights, Megatron-style (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--decode-context-parallel-size",
+        type=int,
+        default=1,
+        help="TP ranks that split the KV cache's tokens instead of replicating it; divides "
+        "--tensor-parallel-size (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dcp-kv-interleave",
+        type=int,
+        default=1,
+        help="consecutive positions each DCP rank holds in turn; divides --block-size (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--allow-oversubscribe",
+        action="store_true",
+        help="allow more tensor-parallel processes than cores (slow; for tests)",
     )
 
 

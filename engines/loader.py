@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from engines.model_source import ModelSource, SourceKind
 from engines.models.gemma3 import Gemma3ForCausalLM
 from engines.models.llama import LlamaForCausalLM
 from engines.numerics import Numerics, NumericsError
+from engines.parallel.plan import ParallelPlan
+from engines.parallel.sharding import shard_state_dict
 from engines.quantization import quantize_int8_weight_only
 from engines.tokenizer import TokenizerInfo, load_tokenizer
 from engines.weights import (
@@ -51,14 +54,30 @@ class LoadedModel:
     source: ModelSource
     config: ModelConfig
     model: LlamaForCausalLM | Gemma3ForCausalLM
-    tokenizer: TokenizerInfo
+    tokenizer: TokenizerInfo | None  # None on TP workers: only rank 0 tokenizes
     dtype: torch.dtype
     numerics: Numerics | None = None  # set by apply_numerics; None: plain torch modules as loaded
+    shard: RankShard | None = None  # a tensor-parallel rank's share; None: the whole model
+
+    @property
+    def plan(self) -> ParallelPlan:
+        return self.shard.plan if self.shard is not None else ParallelPlan()
 
 
-def load_for_serving(source: ModelSource, numerics: Numerics) -> LoadedModel:
-    """Load in the numerics' dtype and put the model on its weights and kernels."""
-    return apply_numerics(load(source, numerics.torch_dtype), numerics)
+@dataclass(frozen=True, slots=True)
+class RankShard:
+    """Which share of the model a tensor-parallel rank holds (engines/parallel/plan.py)."""
+
+    plan: ParallelPlan
+    rank: int
+
+
+def load_for_serving(
+    source: ModelSource, numerics: Numerics, shard: RankShard | None = None, with_tokenizer: bool = True
+) -> LoadedModel:
+    """Load in the numerics' dtype (only `shard`'s share of the weights, when given) and put the
+    model on its weights and kernels."""
+    return apply_numerics(load(source, numerics.torch_dtype, shard, with_tokenizer), numerics)
 
 
 def apply_numerics(loaded: LoadedModel, numerics: Numerics) -> LoadedModel:
@@ -66,9 +85,11 @@ def apply_numerics(loaded: LoadedModel, numerics: Numerics) -> LoadedModel:
     if loaded.dtype != numerics.torch_dtype:
         raise ValueError(f"model loaded in {loaded.dtype}, numerics want {numerics.dtype}")
     if numerics.batch_invariant:
-        config = loaded.config
+        config = loaded.plan.local_config(loaded.config)
         sizes = {"hidden_size": config.hidden_size, "head_dim": config.head_dim}
-        sizes["intermediate_size"] = config.intermediate_size
+        sizes["intermediate_size (per tensor-parallel rank)" if loaded.shard else "intermediate_size"] = (
+            config.intermediate_size
+        )
         uneven = [f"{name} {size}" for name, size in sizes.items() if size % 8]
         if uneven:
             raise NumericsError(
@@ -81,17 +102,29 @@ def apply_numerics(loaded: LoadedModel, numerics: Numerics) -> LoadedModel:
     return replace(loaded, numerics=numerics)
 
 
-def load(source: ModelSource, dtype: torch.dtype) -> LoadedModel:
-    if source.kind is SourceKind.GGUF:
-        with GGUFFile(source.path) as gguf, ThreadPoolExecutor(max_workers=1) as pool:
+def load(
+    source: ModelSource, dtype: torch.dtype, shard: RankShard | None = None, with_tokenizer: bool = True
+) -> LoadedModel:
+    """The model in `dtype` (a rank's share of it with `shard`) and, unless told not to, its
+    tokenizer, built on a thread while the weights load (TP workers need none)."""
+    with ExitStack() as stack:
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=1))
+        if source.kind is SourceKind.GGUF:
+            gguf = stack.enter_context(GGUFFile(source.path))
             config = config_from_gguf(gguf.metadata, set(gguf.tensors))
             arch = ARCHITECTURES[config.architecture]
-            tokenizer = pool.submit(load_tokenizer, source, gguf.metadata)
-            model = build_model(config, lambda: arch.gguf_state(gguf, config), dtype, arch.model_class)
-            return LoadedModel(source, config, model, tokenizer.result(), dtype)
-    config = config_from_hf_dir(source.path)
-    arch = ARCHITECTURES[config.architecture]
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        tokenizer = pool.submit(load_tokenizer, source)
-        model = build_model(config, lambda: arch.hf_state(source.path, config), dtype, arch.model_class)
-        return LoadedModel(source, config, model, tokenizer.result(), dtype)
+            tokenizer = pool.submit(load_tokenizer, source, gguf.metadata) if with_tokenizer else None
+            full_state = lambda: arch.gguf_state(gguf, config)  # noqa: E731
+        else:
+            config = config_from_hf_dir(source.path)
+            arch = ARCHITECTURES[config.architecture]
+            tokenizer = pool.submit(load_tokenizer, source) if with_tokenizer else None
+            full_state = lambda: arch.hf_state(source.path, config)  # noqa: E731
+        if shard is None:
+            model = build_model(config, full_state, dtype, arch.model_class)
+        else:
+            shard.plan.check_model(config)
+            local = shard.plan.local_config(config)
+            state = lambda: shard_state_dict(full_state(), config, shard.plan, shard.rank)  # noqa: E731
+            model = build_model(local, state, dtype, arch.model_class)
+        return LoadedModel(source, config, model, tokenizer.result() if tokenizer else None, dtype, shard=shard)

@@ -9,12 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from engines.attention import AttentionMetadata, KVCache, PrefillSlice
 from engines.block_manager import blocks_needed
 from engines.loader import LoadedModel
+from engines.parallel.step_record import StepInputs
+
+if TYPE_CHECKING:
+    from engines.parallel.rank import RankContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,21 +33,51 @@ class ChunkInput:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, max_model_len: int, num_blocks: int | None = None, block_size: int = 16):
+    """Runs the model over the paged KV cache; with `parallel`, as one tensor-parallel rank.
+
+    `block_size` is the KV slots a block has on this rank; with decode context parallelism a
+    block holds that many positions on each of the C ranks, so the block manager counts
+    `positions_per_block` = block_size * C. Rank 0 turns scheduled chunks into `StepInputs`,
+    publishes them to its workers (engines/parallel) and runs them itself; workers run what they
+    read. Every rank then builds its own AttentionMetadata: which positions it stores, where.
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        max_model_len: int,
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        parallel: RankContext | None = None,
+    ):
         config = loaded.config
         self.model = loaded.model
         self.kernel_isa = loaded.numerics.isa if loaded.numerics is not None else None
+        self.plan = loaded.plan
+        self.parallel = parallel
         self.max_model_len = max_model_len
-        self.block_size = block_size
-        self.num_blocks = num_blocks or blocks_needed(max_model_len, block_size)
+        self.cache_block_size = block_size
+        self.block_size = self.plan.tokens_per_block(block_size)  # what the block manager counts
+        self.num_blocks = num_blocks or blocks_needed(max_model_len, self.block_size)
         self.cache = KVCache(
-            config.num_layers, config.num_kv_heads, config.head_dim, self.num_blocks, block_size, loaded.dtype
+            config.num_layers, self.plan.kv_heads(config), config.head_dim, self.num_blocks, block_size, loaded.dtype
         )
 
     def execute(self, chunks: Sequence[ChunkInput]) -> torch.Tensor:
         """One forward over all chunks: float32 logits [num sampling chunks, vocab], in chunk order."""
-        input_ids = torch.tensor([t for chunk in chunks for t in chunk.token_ids], dtype=torch.long)
-        return self.model(input_ids, self.cache, self.prepare(chunks))
+        inputs = self.step_inputs(chunks)
+        if self.parallel is None:
+            return self.run(inputs)
+
+        def publish_and_run() -> torch.Tensor:
+            self.parallel.record.write(inputs)
+            return self.run(inputs)
+
+        return self.parallel.step(publish_and_run)
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """This rank's share of one step (workers call it with what rank 0 published)."""
+        return self.model(inputs.token_ids, self.cache, self.metadata(inputs))
 
     def forward(self, token_ids: Sequence[int], num_cached: int) -> torch.Tensor:
         """One sequence occupying blocks 0.. of the cache (tests, warm-up): logits [vocab] of its last token."""
@@ -52,6 +87,7 @@ class ModelRunner:
     def warm_up(self, max_num_seqs: int, max_num_batched_tokens: int) -> None:
         """Run the largest shapes the configuration allows before serving, so a buffer too small
         for it fails here, at start-up, in the code path that owns it, not under the first load.
+        With tensor parallelism the workers run the same two steps: they follow rank 0's.
 
         Two steps: the widest batch (every decode slot taken, plus a prefill chunk filling the rest
         of the token budget), then one decode at the deepest position the cache holds (rotary
@@ -69,58 +105,83 @@ class ModelRunner:
             if logits.shape[0] != len(chunks) or not torch.isfinite(logits).all():
                 raise RuntimeError(f"warm-up produced logits of shape {tuple(logits.shape)} with non-finite values")
 
-    def prepare(self, chunks: Sequence[ChunkInput]) -> AttentionMetadata:
+    def step_inputs(self, chunks: Sequence[ChunkInput]) -> StepInputs:
         size = self.block_size
-        positions, slots, logits_indices, tables = [], [], [], []
+        token_ids, positions, token_seq, logits_indices, tables = [], [], [], [], []
         row = 0
-        for chunk in chunks:
+        for index, chunk in enumerate(chunks):
             end = chunk.start + len(chunk.token_ids)
             if end > self.max_model_len:
                 raise ValueError(f"a sequence of {end} tokens exceeds max_model_len {self.max_model_len}")
             table = list(chunk.block_table[: blocks_needed(end, size)])
             if len(table) < blocks_needed(end, size):
                 raise ValueError(f"block table has {len(table)} blocks; {end} tokens need {blocks_needed(end, size)}")
+            token_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start, end))
-            slots.extend(table[p // size] * size + p % size for p in range(chunk.start, end))
+            token_seq.extend([index] * len(chunk.token_ids))
             tables.append(table)
             row += len(chunk.token_ids)
             if chunk.samples:
                 logits_indices.append(row - 1)
-        meta = AttentionMetadata(
+        width = max(len(t) for t in tables)
+        return StepInputs(
+            token_ids=torch.tensor(token_ids, dtype=torch.long),
             positions=torch.tensor(positions, dtype=torch.long),
-            slot_mapping=torch.tensor(slots, dtype=torch.long),
+            token_seq=torch.tensor(token_seq, dtype=torch.int32),
+            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
             logits_indices=torch.tensor(logits_indices, dtype=torch.long),
+        )
+
+    def metadata(self, inputs: StepInputs) -> AttentionMetadata:
+        """Where this rank stores the step's keys and values, and what attention reads."""
+        plan, cache_block = self.plan, self.cache_block_size
+        positions, seq = inputs.positions, inputs.token_seq.long()
+        blocks = inputs.block_tables.long()[seq, positions // self.block_size]
+        kv_rows = None
+        if plan.dcp_size == 1:
+            slots = blocks * cache_block + positions % cache_block
+        else:  # position p lives on DCP rank (p // I) % C, at its local offset within the block
+            interleave, dcp_size = plan.interleave, plan.dcp_size
+            mine = (positions // interleave) % dcp_size == self.parallel.dcp_rank
+            offsets = positions % self.block_size
+            slots = blocks * cache_block + (offsets // (interleave * dcp_size)) * interleave + offsets % interleave
+            kv_rows = mine.nonzero().squeeze(1)
+            slots = slots[kv_rows]
+        meta = AttentionMetadata(
+            positions=positions,
+            slot_mapping=slots,
+            logits_indices=inputs.logits_indices,
             kernel_isa=self.kernel_isa,
+            kv_rows=kv_rows,
+            dcp=self.parallel.dcp_step() if self.parallel is not None and plan.dcp_size > 1 else None,
         )
         if self.kernel_isa is not None:
-            width = max(len(t) for t in tables)
-            meta.block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
-            meta.token_seq = torch.tensor(
-                [i for i, chunk in enumerate(chunks) for _ in chunk.token_ids], dtype=torch.int32
-            )
+            meta.block_tables, meta.token_seq = inputs.block_tables, inputs.token_seq
             return meta
-        return _with_torch_attention_inputs(meta, chunks, tables)
+        return _with_torch_attention_inputs(meta, inputs, cache_block)
 
 
-def _with_torch_attention_inputs(
-    meta: AttentionMetadata, chunks: Sequence[ChunkInput], tables: list[list[int]]
-) -> AttentionMetadata:
+def _with_torch_attention_inputs(meta: AttentionMetadata, inputs: StepInputs, block_size: int) -> AttentionMetadata:
     """The padded decode batch and the per-sequence prefill slices torch's attention path reads."""
+    lengths = torch.bincount(inputs.token_seq.long(), minlength=inputs.block_tables.shape[0]).tolist()
     decode_rows, decode_tables, decode_positions = [], [], []
     row = 0
-    for chunk, table in zip(chunks, tables, strict=True):
-        end = chunk.start + len(chunk.token_ids)
-        if len(chunk.token_ids) == 1:
+    for index, length in enumerate(lengths):
+        start = int(inputs.positions[row])
+        table = inputs.block_tables[index, : blocks_needed(start + length, block_size)].long()
+        if length == 1:
             decode_rows.append(row)
             decode_tables.append(table)
-            decode_positions.append(chunk.start)
+            decode_positions.append(start)
         else:
-            blocks = torch.tensor(table, dtype=torch.long)
-            meta.prefills.append(PrefillSlice(row, len(chunk.token_ids), end, blocks, torch.arange(chunk.start, end)))
-        row += len(chunk.token_ids)
+            positions = torch.arange(start, start + length)
+            meta.prefills.append(PrefillSlice(row, length, start + length, table, positions))
+        row += length
     width = max((len(t) for t in decode_tables), default=0)
-    decode_blocks = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long)
+    decode_blocks = torch.zeros(len(decode_tables), width, dtype=torch.long)
+    for i, table in enumerate(decode_tables):
+        decode_blocks[i, : len(table)] = table
     meta.decode_rows = torch.tensor(decode_rows, dtype=torch.long)
-    meta.decode_blocks = decode_blocks.reshape(len(decode_tables), width)
+    meta.decode_blocks = decode_blocks
     meta.decode_positions = torch.tensor(decode_positions, dtype=torch.long)
     return meta

@@ -25,10 +25,9 @@ from engines.cpu import cpu_info
 from engines.engine import LLMEngine
 from engines.grammar.compiler import GrammarCompiler
 from engines.kernels import KernelBuildError
-from engines.loader import LoadedModel, load_for_serving
 from engines.metrics import EngineMetrics
-from engines.model_runner import ModelRunner
 from engines.model_source import resolve_model
+from engines.model_startup import start_model
 from engines.numerics import Numerics, NumericsError, choose_numerics
 from engines.request_builder import ModelLimits
 from engines.servicers import INTERNAL_MESSAGE, ControlServicer, InferenceServicer, invalid_body_counter
@@ -40,23 +39,6 @@ SERVICE_NAMES = (
     control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
 )
 SHUTDOWN_GRACE_S = 5.0
-
-
-def max_model_len_for(config: EngineConfig, loaded: LoadedModel) -> int:
-    model_max = loaded.config.max_position_embeddings
-    if config.max_model_len is None:
-        return model_max
-    if config.max_model_len > model_max:
-        raise ConfigError(f"--max-model-len {config.max_model_len} must be <= the model's context of {model_max}")
-    return config.max_model_len
-
-
-def kv_blocks_for_memory(config: EngineConfig, loaded: LoadedModel) -> int:
-    """As many blocks as --kv-cache-memory-mb holds: keys and values of every layer."""
-    model = loaded.config
-    bytes_per_block = 2 * model.num_layers * config.block_size * model.num_kv_heads * model.head_dim
-    bytes_per_block *= loaded.model.embed_tokens.weight.element_size()
-    return max(1, config.kv_cache_memory_mb * 2**20 // bytes_per_block)
 
 
 def numerics_for(config: EngineConfig) -> Numerics:
@@ -89,12 +71,9 @@ async def serve(config: EngineConfig) -> int:
 
         torch.set_num_threads(config.num_threads)
     numerics = await asyncio.to_thread(numerics_for, config)
-    loaded = await asyncio.to_thread(load_for_serving, source, numerics)
+    model = await asyncio.to_thread(start_model, config, source, numerics)
+    loaded, runner, max_model_len, num_blocks = model.loaded, model.runner, model.max_model_len, model.num_blocks
     logger.info("numerics: %s, on %s", numerics.describe(), cpu_info().describe())
-    max_model_len = max_model_len_for(config, loaded)
-    num_blocks = config.num_kv_blocks or kv_blocks_for_memory(config, loaded)
-    runner = ModelRunner(loaded, max_model_len, num_blocks, config.block_size)
-    await asyncio.to_thread(runner.warm_up, config.max_num_seqs, config.max_num_batched_tokens)
     tokenizer = loaded.tokenizer
     grammars = GrammarCompiler(tokenizer.tokenizer, loaded.config.vocab_size, tokenizer.eos_token_ids)
     engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop(), grammars)
@@ -106,13 +85,15 @@ async def serve(config: EngineConfig) -> int:
         parallelism=control_pb2.Parallelism(
             data_parallel_rank=config.data_parallel_rank,
             data_parallel_size=config.data_parallel_size,
-            tensor_parallel_size=1,
-            decode_context_parallel_size=1,
+            tensor_parallel_size=config.tensor_parallel_size,
+            decode_context_parallel_size=config.decode_context_parallel_size,
+            dcp_kv_interleave=config.dcp_kv_interleave,
         ),
         model=source.name,
         max_model_len=max_model_len,
-        kv_block_size=config.block_size,
+        kv_block_size=runner.block_size,
         num_kv_blocks=num_blocks,
+        kv_capacity_tokens=model.kv_capacity_tokens,
     )
     model_info = control_pb2.GetModelInfoResponse(
         model=source.name,
@@ -162,6 +143,9 @@ async def serve(config: EngineConfig) -> int:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    failures: list[str] = []
+    if model.workers is not None:  # a worker that dies or hangs ends the engine, naming its rank
+        model.workers.on_failure = lambda reason: loop.call_soon_threadsafe(_fail, failures, reason, stop)
     await stop.wait()
     logger.info("engine shutting down")
     for name in ("", *SERVICE_NAMES):
@@ -169,4 +153,13 @@ async def serve(config: EngineConfig) -> int:
     await server.stop(SHUTDOWN_GRACE_S)
     engine.shutdown()
     grammars.shutdown()
+    model.shutdown()
+    if failures:
+        logger.error("engine stopped: %s", failures[0])
+        return 1
     return 0
+
+
+def _fail(failures: list[str], reason: str, stop: asyncio.Event) -> None:
+    failures.append(reason)
+    stop.set()

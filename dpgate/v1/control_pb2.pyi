@@ -11,32 +11,36 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("version", "parallelism", "model", "max_model_len", "kv_block_size", "num_kv_blocks")
+    __slots__ = ("version", "parallelism", "model", "max_model_len", "kv_block_size", "num_kv_blocks", "kv_capacity_tokens")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PARALLELISM_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     version: str
     parallelism: Parallelism
     model: str
     max_model_len: int
     kv_block_size: int
     num_kv_blocks: int
-    def __init__(self, version: _Optional[str] = ..., parallelism: _Optional[_Union[Parallelism, _Mapping]] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ...) -> None: ...
+    kv_capacity_tokens: int
+    def __init__(self, version: _Optional[str] = ..., parallelism: _Optional[_Union[Parallelism, _Mapping]] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ...) -> None: ...
 
 class Parallelism(_message.Message):
-    __slots__ = ("data_parallel_rank", "data_parallel_size", "tensor_parallel_size", "decode_context_parallel_size")
+    __slots__ = ("data_parallel_rank", "data_parallel_size", "tensor_parallel_size", "decode_context_parallel_size", "dcp_kv_interleave")
     DATA_PARALLEL_RANK_FIELD_NUMBER: _ClassVar[int]
     DATA_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     DECODE_CONTEXT_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DCP_KV_INTERLEAVE_FIELD_NUMBER: _ClassVar[int]
     data_parallel_rank: int
     data_parallel_size: int
     tensor_parallel_size: int
     decode_context_parallel_size: int
-    def __init__(self, data_parallel_rank: _Optional[int] = ..., data_parallel_size: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., decode_context_parallel_size: _Optional[int] = ...) -> None: ...
+    dcp_kv_interleave: int
+    def __init__(self, data_parallel_rank: _Optional[int] = ..., data_parallel_size: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., decode_context_parallel_size: _Optional[int] = ..., dcp_kv_interleave: _Optional[int] = ...) -> None: ...
 
 class GetModelInfoRequest(_message.Message):
     __slots__ = ()
