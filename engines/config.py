@@ -48,6 +48,7 @@ class EngineConfig:
     decode_context_parallel_size: int = 1
     dcp_kv_interleave: int = 1
     allow_oversubscribe: bool = False
+    worker_step_timeout: float = 30.0
 
     @property
     def parallel_plan(self) -> ParallelPlan:
@@ -97,9 +98,12 @@ class EngineConfig:
         if self.max_waiting < 0:
             raise ConfigError(f"--max-waiting {self.max_waiting} must be >= 0")
         try:
-            self.parallel_plan.check_flags(self.block_size, os.cpu_count() or 1, self.allow_oversubscribe)
+            cores = self.num_threads or os.cpu_count() or 1
+            self.parallel_plan.check_flags(self.block_size, cores, self.allow_oversubscribe)
         except ParallelConfigError as error:
             raise ConfigError(str(error)) from error
+        if not self.worker_step_timeout > 0:
+            raise ConfigError(f"--worker-step-timeout {self.worker_step_timeout} must be > 0")
         if self.decode_context_parallel_size > 1 and not self.batch_invariant:
             raise ConfigError(
                 "--decode-context-parallel-size above 1 needs the batch-invariant kernels; drop --no-batch-invariant"
@@ -130,6 +134,7 @@ class EngineConfig:
             decode_context_parallel_size=args.decode_context_parallel_size,
             dcp_kv_interleave=args.dcp_kv_interleave,
             allow_oversubscribe=args.allow_oversubscribe,
+            worker_step_timeout=args.worker_step_timeout,
         )
 
 
@@ -190,7 +195,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-threads",
         type=int,
         default=None,
-        help="torch compute threads; give engines that share a host a share of its cores (default: all)",
+        help="torch compute threads of the engine, split among its tensor-parallel ranks; give engines that "
+        "share a host a share of its cores (default: all)",
     )
 
 
@@ -219,6 +225,13 @@ def add_parallel_arguments(parser: argparse.ArgumentParser) -> None:
         "--allow-oversubscribe",
         action="store_true",
         help="allow more tensor-parallel processes than cores (slow; for tests)",
+    )
+    parser.add_argument(
+        "--worker-step-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a tensor-parallel worker may take for one step before the engine stops, naming it "
+        "(default: %(default)s)",
     )
 
 

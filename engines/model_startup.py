@@ -66,9 +66,8 @@ def kv_blocks_for_memory(config: EngineConfig, model: ModelConfig, plan: Paralle
 
 
 def threads_per_rank(config: EngineConfig) -> int:
-    if config.num_threads is not None:
-        return config.num_threads
-    return max(1, (os.cpu_count() or 1) // config.tensor_parallel_size)
+    """The engine's threads (--num-threads, else every core) shared out among its TP ranks."""
+    return max(1, (config.num_threads or os.cpu_count() or 1) // config.tensor_parallel_size)
 
 
 def start_model(config: EngineConfig, source: ModelSource, numerics: Numerics) -> StartedModel:
@@ -92,7 +91,7 @@ def start_model(config: EngineConfig, source: ModelSource, numerics: Numerics) -
         sizes = buffer_sizes(plan, model, max(config.max_num_batched_tokens, config.max_num_seqs),
                              config.max_num_seqs, num_blocks, config.block_size)  # fmt: skip
         workers = WorkerGroup(plan, source, numerics, max_model_len, num_blocks, config.block_size, sizes,
-                              threads_per_rank(config))  # fmt: skip
+                              threads_per_rank(config), config.worker_step_timeout)  # fmt: skip
         try:
             loaded = load_rank(source, numerics, plan, 0, workers.group, with_tokenizer=True)
             runner = ModelRunner(loaded, max_model_len, num_blocks, config.block_size, parallel=workers.context)

@@ -38,6 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--model", help="model for every engine (default: the engine's default, SmolLM2-135M-Instruct)")
     add("--dtype", help="engine compute dtype (default: the engine's)")
     add("--max-model-len", type=int, help="engine context length (default: the model's)")
+    add("--tensor-parallel-size", type=int, default=1, help="processes per engine that split its weights (default 1)")
+    add(
+        "--decode-context-parallel-size",
+        type=int,
+        default=1,
+        help="TP ranks per engine that split its KV cache's tokens (default 1)",
+    )
+    add("--dcp-kv-interleave", type=int, default=1, help="consecutive positions per DCP rank in turn (default 1)")
+    add("--allow-oversubscribe", action="store_true", help="allow more TP processes than an engine's cores")
     add(
         "--batch-invariant",
         action=argparse.BooleanOptionalAction,
@@ -67,6 +76,13 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
             command += [flag, str(value)]
     if not args.batch_invariant:
         command.append("--no-batch-invariant")
+    command += [
+        "--tensor-parallel-size", str(args.tensor_parallel_size),
+        "--decode-context-parallel-size", str(args.decode_context_parallel_size),
+        "--dcp-kv-interleave", str(args.dcp_kv_interleave),
+    ]  # fmt: skip
+    if args.allow_oversubscribe:
+        command.append("--allow-oversubscribe")
     # Engines on one host share its cores: oversubscribed torch threads spin against each other.
     command += ["--num-threads", str(max(1, (os.cpu_count() or 1) // args.data_parallel_size))]
     return command

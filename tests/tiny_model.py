@@ -21,8 +21,9 @@ TINY_CONFIG = {
 }
 
 
-def make_tiny_llama_dir(path: str | Path, seed: int = 0) -> Path:
-    """Write config.json, model.safetensors, tokenizer files and generation_config.json to `path`."""
+def make_tiny_llama_dir(path: str | Path, seed: int = 0, **overrides) -> Path:
+    """Write config.json, model.safetensors, tokenizer files and generation_config.json to `path`;
+    `overrides` change TINY_CONFIG's entries (e.g. num_key_value_heads=1)."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -34,7 +35,7 @@ def make_tiny_llama_dir(path: str | Path, seed: int = 0) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer.save_pretrained(path)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, **TINY_CONFIG)
+    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, **(TINY_CONFIG | overrides))
     model = LlamaForCausalLM(config)
     model.save_pretrained(path)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))

@@ -5,7 +5,7 @@ creates the shared buffers, starts T - 1 workers (spawned, each given a `WorkerS
 the gloo group with them, and loads its own share of the model while they load theirs. A worker
 then runs every step rank 0 publishes until told to stop.
 
-Faults (issue 11): a worker that exits, or does not finish a step within STEP_TIMEOUT_S, is
+Faults (issue 11): a worker that exits, or does not finish a step within the step timeout, is
 reported through `on_failure` with a sentence naming its rank; rank 0 then kills the workers
 (which breaks any collective it is blocked in, so in-flight calls end with a status) and the
 server exits non-zero. A worker watches its parent and ends the moment rank 0 is gone, so none
@@ -119,8 +119,10 @@ class WorkerGroup:
     """Rank 0's side: starts the workers, joins them, and watches them for the engine's life."""
 
     def __init__(self, plan: ParallelPlan, source: ModelSource, numerics: Numerics, max_model_len: int,
-                 num_blocks: int, block_size: int, sizes: BufferSizes, num_threads: int):  # fmt: skip
+                 num_blocks: int, block_size: int, sizes: BufferSizes, num_threads: int,
+                 step_timeout_s: float = STEP_TIMEOUT_S):  # fmt: skip
         self.plan = plan
+        self.step_timeout_s = step_timeout_s
         self.arenas = create_buffers(plan, sizes)
         record, heartbeats, exchanges = self.arenas
         names = SharedNames(record.name, heartbeats.name, tuple(arena.name for arena in exchanges))
@@ -155,11 +157,11 @@ class WorkerGroup:
                     return self._fail(f"tensor parallel rank {rank} (pid {process.pid}) exited with status "
                                       f"{process.returncode}")  # fmt: skip
             started = self.step_started
-            if started is not None and time.monotonic() - started > STEP_TIMEOUT_S:
+            if started is not None and time.monotonic() - started > self.step_timeout_s:
                 epoch = self.context.record.epoch
                 lagging = [r for r in range(1, self.plan.tp_size) if int(self.context.heartbeats[r, 0]) < epoch]
                 who = f"rank {lagging[0]}" if lagging else "a rank"
-                return self._fail(f"tensor parallel {who} did not finish step {epoch} within {STEP_TIMEOUT_S:.0f} s")
+                return self._fail(f"tensor parallel {who} did not finish step {epoch} within {self.step_timeout_s:g} s")
             time.sleep(MONITOR_INTERVAL_S)
         return None
 
