@@ -49,6 +49,7 @@ LOCAL_CONNECTION_WINDOW = 1 << 30
 # Frames that need an answer (PING, SETTINGS, stream errors) while the peer reads nothing:
 # past this many the peer is flooding (CVE-2019-9512, -9515) and the connection ends.
 _MAX_REPLIES_WHILE_PAUSED = 1024
+_PREMATURE_RESET_S = 1.0
 
 
 class Http2Connection(Http2Sender, asyncio.Protocol):
@@ -159,7 +160,8 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
                 if self.is_closed:
                     return
         except ProtocolViolation as error:
-            logger.debug("closing connection: %s", error)
+            # A client breaking the rules is the client's business; an engine doing so is a bug.
+            (logger.warning if self.is_client else logger.debug)("closing an HTTP/2 connection: %s", error)
             self.close(error.error_code, str(error).encode())
             return
         except Exception:
@@ -341,7 +343,9 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
                     raise MalformedHeaders("content-length larger than the DATA")
                 stream.is_headers_received = True
                 stream.content_length = content_length
-        except (MalformedHeaders, HeadersTooLarge):
+        except (MalformedHeaders, HeadersTooLarge) as error:
+            if self.is_client:
+                logger.warning("resetting stream %d: its response breaks RFC 9113 (%s)", stream_id, error)
             self._stream_error(stream, f.PROTOCOL_ERROR)
             return
         if end_stream:
@@ -374,10 +378,10 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
             self._peer_caused_reset()
             return
         self.on_new_stream(stream_id, headers, end_stream)
-        if content_length is not None:
-            stream = self.streams.get(stream_id)
-            if stream is not None:
-                stream.content_length = content_length
+        stream = self.streams.get(stream_id)
+        if stream is not None:
+            stream.content_length = content_length
+            stream.opened_at = self.last_frame_time
 
     def _on_priority(self, flags: int, stream_id: int, payload: bytes) -> None:
         # RFC 9113 deprecates the priority scheme: PRIORITY is checked, then ignored.
@@ -398,11 +402,13 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
             if self.ids.is_idle(stream_id):
                 raise ProtocolViolation(f.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
             return  # closed already: nothing to do
-        was_working = not stream.is_local_closed
+        # A rapid reset (CVE-2023-44487) cancels work just begun; a user stopping a long
+        # generation is no abuse, so only streams younger than a second count (as Envoy's do).
+        is_premature = not stream.is_local_closed and self.last_frame_time - stream.opened_at < _PREMATURE_RESET_S
         self._remove(stream_id)
         self._forget(stream)
         stream.on_reset(f.unpack_error_code(payload))
-        if was_working:
+        if is_premature:
             self._peer_caused_reset()
 
     def _on_settings(self, flags: int, stream_id: int, payload: bytes) -> None:

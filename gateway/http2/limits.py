@@ -24,9 +24,10 @@ class Http2Limits:
     cost what the limit is meant to save. `header_table_size` is advertised as
     SETTINGS_HEADER_TABLE_SIZE and caps the peer's HPACK dynamic table. `max_continuation_frames`
     caps the CONTINUATION frames of one field block. `max_resets_per_second` is the rapid-reset
-    guard: streams the peer resets while the gateway still works on them, or makes the gateway
-    reset by breaking the protocol, drain a bucket of that many tokens refilled at that rate; an
-    empty bucket ends the connection with GOAWAY ENHANCE_YOUR_CALM.
+    guard: streams the peer resets within a second of opening them while the gateway still works
+    on them, or makes the gateway reset or refuse by breaking the protocol, drain a bucket of that
+    many tokens refilled at that rate; an empty bucket ends the connection with GOAWAY
+    ENHANCE_YOUR_CALM.
     """
 
     max_concurrent_streams: int | None = None

@@ -33,6 +33,7 @@ class Stream:
         "is_headers_received",
         "is_local_closed",
         "is_remote_closed",
+        "opened_at",
         "pending",
         "recv_window",
         "send_window",
@@ -50,6 +51,7 @@ class Stream:
         # A server's streams exist once their request headers arrived; a client's wait for the response's.
         self.is_headers_received = not connection.is_client
         self.content_length: int | None = None
+        self.opened_at = 0.0  # loop time the peer opened it (server role; the rapid-reset guard)
         self._recv_unacked = 0
 
     @property

@@ -163,3 +163,43 @@ def test_limits_advertise_what_they_enforce():
     assert limits.settings() == {f.SETTINGS_MAX_HEADER_LIST_SIZE: 4096, f.SETTINGS_MAX_CONCURRENT_STREAMS: 8,
                                  f.SETTINGS_HEADER_TABLE_SIZE: 64}  # fmt: skip
     assert f.SETTINGS_HEADER_TABLE_SIZE not in Http2Limits().settings()  # 4096 is the default: not sent
+
+
+def test_the_rapid_reset_guard_counts_streams_reset_young_only():
+    """Three streams reset at once trip a bucket of two; three reset after a long life do not."""
+    import asyncio
+
+    from gateway.http2.connection import Http2Connection, Stream
+    from gateway.http2.header_codec import encode_block
+    from tests.gateway.test_http2_client_role import Transport, frames_of
+
+    class Call(Stream):
+        def on_headers(self, headers, end_stream): ...
+        def on_data(self, data, end_stream): ...
+        def on_reset(self, error_code): ...
+
+    class Server(Http2Connection):
+        def on_new_stream(self, stream_id, headers, end_stream):
+            self.add_stream(Call(self), stream_id)
+
+    block = encode_block(REQUEST)
+
+    def goaways(age: float) -> list[bytes]:
+        async def run():
+            server = Server(Http2Limits(max_resets_per_second=2))
+            transport = Transport()
+            server.connection_made(transport)
+            server.data_received(f.PREFACE + f.pack_settings({}))
+            server.data_received(b"".join(f.pack_frame(f.HEADERS, f.END_HEADERS, sid, block) for sid in (1, 3, 5)))
+            for stream in server.streams.values():
+                stream.opened_at -= age
+            server.data_received(b"".join(f.pack_rst_stream(sid, f.CANCEL) for sid in (1, 3, 5)))
+            await asyncio.sleep(0)
+            written = bytes(transport.written)
+            return [payload for kind, _, _, payload in frames_of(f.PREFACE + written) if kind == f.GOAWAY]
+
+        return asyncio.run(run())
+
+    (payload,) = goaways(age=0.0)
+    assert f.unpack_goaway(payload)[1] == f.ENHANCE_YOUR_CALM and payload[8:] == b"too_many_resets"
+    assert goaways(age=2.0) == []
