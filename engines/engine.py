@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engines.block_manager import BlockManager
-from engines.grammar.bitmask import NO_MASKS, MaskedRows, mask_constrained_rows
+from engines.grammar.bitmask import NO_MASKS, MaskBuffers, MaskedRows, mask_constrained_rows
 from engines.model_runner import ChunkInput, ModelRunner
 from engines.sampler import sample
 from engines.scheduler import Scheduler, SchedulerConfig
@@ -35,6 +35,7 @@ class LLMEngine:
         self.block_manager = BlockManager(runner.num_blocks, runner.block_size)
         self.scheduler = Scheduler(config or SchedulerConfig(), self.block_manager)
         self.last_step = StepStats()
+        self.mask_buffers = MaskBuffers()
         self.mask_seconds = 0.0  # time spent filling and applying grammar masks, for benchmarks
 
     @property
@@ -91,7 +92,10 @@ class LLMEngine:
             if row in masked.conflicts:
                 outputs.append(seq.fail(masked.conflicts[row]))
             else:
-                row_logits = masked.logits[masked.index[row]] if row in masked.index else logits[row]
+                if row in masked.index:  # a scratch copy, masked; the raw row stays for logprobs
+                    row_logits, raw = masked.logits[masked.index[row]], logits[row]
+                else:
+                    row_logits, raw = logits[row], None
                 sampled = sample(
                     row_logits,
                     seq.sampling,
@@ -99,7 +103,7 @@ class LLMEngine:
                     seq.prompt_ids,
                     seq.output_ids,
                     seq.blocked_token_ids,
-                    raw_logits=logits[row],
+                    raw_logits=raw,
                 )
                 outputs.append(seq.append(sampled))
                 stats.num_generated_tokens += 1
@@ -112,6 +116,6 @@ class LLMEngine:
         started = time.perf_counter()
         if not any(seq.grammar is not None for seq in seqs):
             return NO_MASKS
-        masked = mask_constrained_rows(logits, seqs)
+        masked = mask_constrained_rows(logits, seqs, self.mask_buffers)
         self.mask_seconds += time.perf_counter() - started
         return masked

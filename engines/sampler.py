@@ -68,9 +68,10 @@ def sample(
 ) -> SampledToken:
     """Pick the next token from float32 `logits` [vocab]. `blocked_token_ids` (stop tokens before
     min_tokens is reached) can never be chosen. Logprobs describe the model's raw distribution:
-    `raw_logits` when `logits` is already grammar-masked (masked tokens at -inf), else `logits`."""
-    raw_logits = logits if raw_logits is None else raw_logits
-    logits = logits.clone()
+    `raw_logits` when `logits` is a grammar-masked copy (masked tokens at -inf, the caller's
+    scratch row, which this may overwrite), else `logits` (left as it is)."""
+    if raw_logits is None:
+        raw_logits, logits = logits, logits.clone()
     if params.logit_bias:
         ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
         logits[ids] += torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype)

@@ -119,3 +119,15 @@ def test_invalid_sampling_params_name_the_field_and_rule(params, message):
     with pytest.raises(InvalidRequestError) as error:
         params.validate(VOCAB)
     assert str(error.value) == message
+
+
+def test_a_grammar_masked_row_is_sampled_while_logprobs_describe_the_raw_row():
+    masked = LOGITS.clone()
+    masked[[1, 5]] = float("-inf")  # the grammar forbids the two most likely tokens
+    params = SamplingParams(temperature=0.0, logit_bias={2: 0.25}, top_logprobs=1)
+    raw_before = LOGITS.clone()
+    sampled = sample(masked, params, None, [], [], (), raw_logits=LOGITS)
+    assert sampled.token_id == 2
+    assert sampled.logprob == pytest.approx(float(LOGITS.double().log_softmax(-1)[2]))
+    assert sampled.top_logprobs[0][0] == 1  # the raw distribution's favourite, masked or not
+    assert torch.equal(LOGITS, raw_before)  # the raw row is never written; the masked one may be

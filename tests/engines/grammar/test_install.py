@@ -48,7 +48,7 @@ def test_triton_is_not_installed():
 USES = r"""
 import sys
 import torch
-from engines.grammar.bitmask import mask_constrained_rows
+from engines.grammar.bitmask import MaskBuffers, mask_constrained_rows
 from engines.grammar.compiler import GrammarCompiler
 from engines.grammar.matcher import RequestGrammar
 from engines.grammar.spec import choice_spec, ebnf_spec, json_object_spec, json_schema_spec, regex_spec
@@ -70,7 +70,7 @@ class Seq:  # what mask_constrained_rows reads of a sequence
 
 
 outputs = [[], [], [a], [a], []]
-masked = mask_constrained_rows(torch.zeros(5, 49152), [Seq(g, o) for g, o in zip(grammars, outputs)])
+masked = mask_constrained_rows(torch.zeros(5, 49152), [Seq(g, o) for g, o in zip(grammars, outputs)], MaskBuffers())
 assert list(masked.conflicts) == [2], masked.conflicts  # "ab" needs "b", a stop token here
 assert torch.isneginf(masked.logits[masked.index[4]][b]) and masked.logits[masked.index[3]][2] == 0
 grammars[3].accept(2)

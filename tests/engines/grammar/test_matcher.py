@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dpgate.v1 import generate_pb2 as pb
-from engines.grammar.bitmask import clear_bits, mask_constrained_rows
+from engines.grammar.bitmask import MaskBuffers, clear_bits, mask_constrained_rows
 from engines.grammar.matcher import RequestGrammar, allowed_token_ids
 from engines.grammar.spec import json_schema_spec, regex_spec
 from engines.grammar.vocab import special_token_ids
@@ -125,7 +125,9 @@ def test_one_bitmask_masks_the_constrained_rows_exactly_and_leaves_the_rest_alon
     ]
     logits = torch.randn(3, SMOLLM2_VOCAB_SIZE, generator=torch.Generator().manual_seed(0))
     before = logits.clone()
-    masked = mask_constrained_rows(logits, seqs)
+    buffers = MaskBuffers()  # used by an earlier, wider step first: nothing of it may leak
+    mask_constrained_rows(torch.full((3, SMOLLM2_VOCAB_SIZE), 7.0), [seqs[2], seqs[0], seqs[2]], buffers)
+    masked = mask_constrained_rows(logits, seqs, buffers)
     assert torch.equal(logits, before) and masked.index == {0: 0, 2: 1} and not masked.conflicts
     for row, grammar in ((0, seqs[0].grammar), (2, seqs[2].grammar)):
         keep = torch.zeros(SMOLLM2_VOCAB_SIZE, dtype=torch.bool)
@@ -146,7 +148,7 @@ def test_a_stop_token_the_grammar_requires_next_empties_the_mask_with_a_clear_er
         stopping=pb.StoppingCriteria(stop_token_ids=[ids["b"]], max_tokens=8),
     )
     fine = sequence(smollm2_tokenizer, smollm2_compiler, [ids["a"]], structured_output=regex)
-    masked = mask_constrained_rows(torch.zeros(2, SMOLLM2_VOCAB_SIZE), [conflicted, fine])
+    masked = mask_constrained_rows(torch.zeros(2, SMOLLM2_VOCAB_SIZE), [conflicted, fine], MaskBuffers())
     assert list(masked.conflicts) == [0]
     message = str(masked.conflicts[0])
     assert "after 1 generated tokens the grammar can only continue with token(s)" in message
@@ -162,7 +164,7 @@ def test_min_tokens_that_block_the_only_allowed_stop_tokens_name_min_tokens(smol
         structured_output=pb.StructuredOutput(regex="a"),
         stopping=pb.StoppingCriteria(min_tokens=3, max_tokens=8),
     )
-    masked = mask_constrained_rows(torch.zeros(1, SMOLLM2_VOCAB_SIZE), [seq])
+    masked = mask_constrained_rows(torch.zeros(1, SMOLLM2_VOCAB_SIZE), [seq], MaskBuffers())
     assert "conflicts with stopping.min_tokens" in str(masked.conflicts[0])
     assert "min_tokens is 3" in str(masked.conflicts[0])
 
