@@ -113,6 +113,11 @@ async def serve(config: GatewayConfig, processes: list[subprocess.Popen]) -> int
     status = 0
     while not stop.is_set():
         exited = [(rank, p.returncode) for rank, p in enumerate(processes) if p.poll() is not None]
+        if any(code == 2 for _, code in exited):
+            # An engine refused its flags (it printed why): the others would refuse them too.
+            logger.error("an engine refused its flags; stopping")
+            status = 2
+            break
         if exited and len(exited) == len(processes):
             logger.error("every engine exited (rank, status): %s", exited)
             status = 1

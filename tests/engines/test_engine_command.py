@@ -40,12 +40,47 @@ def bad_flag_cases(tmp_path):
         (["--model", str(not_gguf)], f"--model {not_gguf}: the file is not a GGUF file"),
         (["--model", str(truncated)], "is not a readable GGUF file"),
         (["--model", str(empty_dir)], f"--model {empty_dir}: the directory has no config.json"),
+        (
+            ["--tensor-parallel-size", "3", "--decode-context-parallel-size", "2"],
+            "--decode-context-parallel-size 2 must be >= 1 and divide --tensor-parallel-size 3",
+        ),
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size 0 must be >= 1"),
+        (["--dcp-kv-interleave", "3"], "--dcp-kv-interleave 3 must be >= 1 and divide --block-size 16"),
+        (["--tensor-parallel-size", "512"], "--tensor-parallel-size 512 is more than the"),
+        (
+            ["--tensor-parallel-size", "2", "--decode-context-parallel-size", "2", "--no-batch-invariant"],
+            "--decode-context-parallel-size above 1 needs the batch-invariant kernels",
+        ),
+        (["--worker-step-timeout", "0"], "--worker-step-timeout 0.0 must be > 0"),
+    ]
+
+
+def model_bad_flag_cases(model_dir):
+    """Rules that need the model's shape: the tiny Llama has 4 query heads and 2 KV heads."""
+    model = ["--model", str(model_dir), "--allow-oversubscribe"]
+    return [
+        ([*model, "--tensor-parallel-size", "3"], "--tensor-parallel-size 3 must divide the model's 4 query heads"),
+        (
+            [*model, "--tensor-parallel-size", "2", "--decode-context-parallel-size", "2"],
+            "--decode-context-parallel-size 2 must be at most --tensor-parallel-size / KV heads = 2/2",
+        ),
+        ([*model, "--tensor-parallel-size", "8", "--decode-context-parallel-size", "1"],
+         "--tensor-parallel-size 8 must divide the model's 4 query heads"),
     ]
 
 
 def test_every_bad_flag_exits_2_with_one_sentence(tmp_path):
     for flags, message in bad_flag_cases(tmp_path):
         result = run_engine(*flags)
+        assert result.returncode == 2, (flags, result.stderr)
+        assert message in result.stderr, (flags, result.stderr)
+        assert "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_parallel_flags_the_model_cannot_take_exit_2_with_one_sentence(tiny_model_dir):
+    for flags, message in model_bad_flag_cases(tiny_model_dir):
+        result = run_engine("--port", str(free_port()), *flags)
         assert result.returncode == 2, (flags, result.stderr)
         assert message in result.stderr, (flags, result.stderr)
         assert "Traceback" not in result.stderr
