@@ -18,6 +18,7 @@ engine and the gateway use it and neither may import the other.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -143,8 +144,10 @@ class _MethodGuard:
             else:
                 request = await self._request(request, context)
             try:
-                async for response in behaviour(request, context):
-                    yield response
+                # Closed at once when this generator is (the client went away), not by the GC.
+                async with contextlib.aclosing(behaviour(request, context)) as responses:
+                    async for response in responses:
+                        yield response
             except aio.AbortError:
                 raise
             except Exception:
