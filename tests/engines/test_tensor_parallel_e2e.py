@@ -10,6 +10,8 @@ invariant: a request's tokens and logprobs are the same alone and beside others.
 from __future__ import annotations
 
 import random
+import signal
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
@@ -99,3 +101,36 @@ def test_an_interleave_of_four_matches_too(one_kv_head_model, single_process, tm
     assert info.parallelism.dcp_kv_interleave == 4
     for expected, actual in zip(single_process[1], alone, strict=True):
         assert_close(expected, actual, 1e-4)
+
+
+def test_the_served_default_with_tp2_dcp2_serves_a_batch_through_the_gateway(one_kv_head_model, tmp_path):
+    """`dpgate serve` with one TP-2/DCP-2 engine in the served default (float32 + int8 on the
+    batch-invariant kernels): a batch of calls through the gateway completes, each call's tokens
+    and logprobs the same as when it ran alone."""
+    from tests.gateway.processes import PYTHON, ROOT
+    from tests.support.processes import wait_until_serving
+
+    port = free_port()
+    command = [PYTHON, "-m", "dpgate.cli", "serve", "--port", str(port), "--model", str(one_kv_head_model),
+               "--tensor-parallel-size", "2", "--decode-context-parallel-size", "2"]  # fmt: skip
+    with open(tmp_path / "serve.log", "w") as log:
+        serve = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT)
+        try:
+            wait_until_serving(f"127.0.0.1:{port}", serve, timeout=180)
+            with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+                stub = generate_pb2_grpc.InferenceServiceStub(channel)
+                batch = prompts() + [p[::-1] for p in prompts()]
+                alone = [stub.Generate(request(p), timeout=60) for p in batch]
+                with ThreadPoolExecutor(len(batch)) as pool:
+                    together = list(pool.map(lambda p: stub.Generate(request(p), timeout=60), batch))
+            for by_itself, in_a_batch in zip(alone, together, strict=True):
+                assert len(in_a_batch.token_ids) == NUM_TOKENS
+                assert list(in_a_batch.token_ids) == list(by_itself.token_ids)
+                assert list(in_a_batch.logprobs) == list(by_itself.logprobs)
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            try:
+                assert serve.wait(60) == 0
+            finally:
+                if serve.poll() is None:
+                    serve.kill()
