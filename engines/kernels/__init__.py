@@ -28,12 +28,14 @@ __all__ = [
     "attention",
     "attention_shard",
     "dcp_combine",
+    "dcp_publish",
     "linear",
     "load",
     "pack_weight",
     "rms_norm",
     "signal_store",
     "signal_wait",
+    "signal_wait_all",
     "supported_isas",
 ]
 
@@ -163,6 +165,17 @@ def signal_store(flags: torch.Tensor, index: int, value: int) -> None:
 def signal_wait(flags: torch.Tensor, index: int, value: int, timeout_s: float) -> bool:
     """Wait (spinning, then yielding) until flags[index] == value, with acquire order; False on timeout."""
     return _ops().signal_wait(flags, index, value, timeout_s)
+
+
+def signal_wait_all(flags: torch.Tensor, first: int, stride: int, count: int, value: int, timeout_s: float) -> int:
+    """Wait until flags[first + k * stride] == value for every k < count; the first k that timed
+    out, or -1."""
+    return _ops().signal_wait_all(flags, first, stride, count, value, timeout_s)
+
+
+def dcp_publish(out: torch.Tensor, lse: torch.Tensor, out_slot: torch.Tensor, lse_slot: torch.Tensor) -> None:
+    """Copy every row's LSE, and the output rows that have keys, into this rank's exchange slot."""
+    _ops().dcp_publish(out, lse, out_slot, lse_slot)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str) -> torch.Tensor:

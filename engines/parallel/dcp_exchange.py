@@ -64,31 +64,32 @@ class DcpExchange:
         self.gathered = torch.empty(self.workspace_tokens, dcp_size * self.local_heads, self.queries.shape[4])
 
     def _signal_index(self, rank: int, slot: int) -> int:
-        return (rank * 2 + slot) * SIGNAL_STRIDE
+        return (rank * 2 + slot) * SIGNAL_STRIDE  # signals are [rank, slot, SIGNAL_STRIDE]
 
     def _wait_all(self, signals: torch.Tensor, epoch: int, what: str) -> None:
-        for rank in range(self.dcp_size):
-            if not kernels.signal_wait(signals, self._signal_index(rank, epoch & 1), epoch, self.timeout_s):
-                raise ExchangeTimeout(
-                    f"decode context parallel rank {rank} did not publish its {what} for exchange {epoch} "
-                    f"within {self.timeout_s:.0f} s"
-                )
+        slot = epoch & 1
+        missing = kernels.signal_wait_all(
+            signals, self._signal_index(0, slot), 2 * SIGNAL_STRIDE, self.dcp_size, epoch, self.timeout_s
+        )
+        if missing >= 0:
+            raise ExchangeTimeout(
+                f"decode context parallel rank {missing} did not publish its {what} for exchange {epoch} "
+                f"within {self.timeout_s:.0f} s"
+            )
 
     def gather_queries(self, q: torch.Tensor) -> torch.Tensor:
         """q [tokens, local heads, D] float32 -> the group's [tokens, C * local heads, D], ordered by
         DCP rank (the heads of consecutive ranks are consecutive global heads)."""
-        num_tokens = q.shape[0]
+        num_tokens, heads, head_dim = q.shape
         assert num_tokens <= self.workspace_tokens, f"{num_tokens} tokens exceed the DCP workspace"
         self.epoch += 1
         slot = self.epoch & 1
         self.queries[slot, self.dcp_rank, :num_tokens].copy_(q)
         kernels.signal_store(self.query_signals, self._signal_index(self.dcp_rank, slot), self.epoch)
         self._wait_all(self.query_signals, self.epoch, "queries")
-        gathered = self.gathered[:num_tokens]
-        heads = self.local_heads
-        for rank in range(self.dcp_size):
-            gathered[:, rank * heads : (rank + 1) * heads].copy_(self.queries[slot, rank, :num_tokens])
-        return gathered
+        gathered = self.gathered[:num_tokens].view(num_tokens, self.dcp_size, heads, head_dim)
+        gathered.copy_(self.queries[slot, :, :num_tokens].transpose(0, 1))
+        return gathered.view(num_tokens, self.dcp_size * heads, head_dim)
 
     def combine_partials(self, out: torch.Tensor, lse: torch.Tensor, isa: str) -> torch.Tensor:
         """This rank's partial attention for the group's heads (out [tokens, C * local heads, D],
@@ -97,13 +98,8 @@ class DcpExchange:
         assert num_tokens <= self.workspace_tokens, f"{num_tokens} tokens exceed the DCP workspace"
         self.epoch += 1
         slot = self.epoch & 1
-        self.lses[slot, self.dcp_rank, :num_tokens].copy_(lse)
-        has_keys = torch.isfinite(lse).all(dim=1)  # a row's shard is empty for all heads or for none
-        if bool(has_keys.all()):
-            self.outputs[slot, self.dcp_rank, :num_tokens].copy_(out)
-        else:  # rows without keys send no payload
-            rows = has_keys.nonzero().squeeze(1)
-            self.outputs[slot, self.dcp_rank].index_copy_(0, rows, out[rows])
+        # Rows without keys (LSE -inf) send no payload: their slot rows keep what they held.
+        kernels.dcp_publish(out, lse, self.outputs[slot, self.dcp_rank], self.lses[slot, self.dcp_rank])
         kernels.signal_store(self.partial_signals, self._signal_index(self.dcp_rank, slot), self.epoch)
         self._wait_all(self.partial_signals, self.epoch, "partial attention")
         combined, _ = kernels.dcp_combine(

@@ -11,6 +11,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <sched.h>
 #include <string>
 #include <tuple>
@@ -220,6 +222,40 @@ bool signal_wait(const at::Tensor& flags, int64_t index, int64_t value, double t
   }
 }
 
+// Waits for flags[first + k * stride] == value for k in 0..count-1; returns the first k that did
+// not arrive within timeout_s, or -1 when all did.
+int64_t signal_wait_all(const at::Tensor& flags, int64_t first, int64_t stride, int64_t count, int64_t value,
+                        double timeout_s) {
+  for (int64_t k = 0; k < count; ++k) {
+    if (!signal_wait(flags, first + k * stride, value, timeout_s)) return k;
+  }
+  return -1;
+}
+
+// The DCP sender's half (engines/parallel/dcp_exchange.py): every row's LSE into lse_slot, and
+// the output rows that have keys (a finite LSE in every head) into out_slot; rows without keys
+// send no payload, so their slot rows keep whatever they held.
+void dcp_publish(const at::Tensor& out, const at::Tensor& lse, const at::Tensor& out_slot, const at::Tensor& lse_slot) {
+  TORCH_CHECK(out.scalar_type() == at::kFloat && lse.scalar_type() == at::kFloat && out.is_contiguous() &&
+                  lse.is_contiguous() && out_slot.is_contiguous() && lse_slot.is_contiguous() && out.dim() == 3 &&
+                  lse.dim() == 2 && out.size(0) == lse.size(0) && out.size(1) == lse.size(1) &&
+                  out_slot.size(0) >= out.size(0) && out_slot.size(1) == out.size(1) && out_slot.size(2) == out.size(2),
+              "dpgate dcp_publish: out [T, H, D] and lse [T, H] float32 into slots of at least T rows");
+  const int64_t T = out.size(0), H = out.size(1), D = out.size(2);
+  const float* src_out = out.data_ptr<float>();
+  const float* src_lse = lse.data_ptr<float>();
+  float* dst_out = out_slot.data_ptr<float>();
+  float* dst_lse = lse_slot.data_ptr<float>();
+  for (int64_t t = 0; t < T; ++t) {
+    bool has_keys = true;
+    for (int64_t h = 0; h < H; ++h) {
+      dst_lse[t * H + h] = src_lse[t * H + h];
+      has_keys = has_keys && std::isfinite(src_lse[t * H + h]);
+    }
+    if (has_keys) std::memcpy(dst_out + t * H * D, src_out + t * H * D, sizeof(float) * H * D);
+  }
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, const std::string& isa_name) {
   const Isa isa = parse_isa(isa_name);
   const int64_t N = x.size(-1);
@@ -275,6 +311,9 @@ TORCH_LIBRARY(dpgate, m) {
       &dpgate::attention);
   m.def("signal_store(Tensor flags, int index, int value) -> ()", &dpgate::signal_store);
   m.def("signal_wait(Tensor flags, int index, int value, float timeout_s) -> bool", &dpgate::signal_wait);
+  m.def("signal_wait_all(Tensor flags, int first, int stride, int count, int value, float timeout_s) -> int",
+        &dpgate::signal_wait_all);
+  m.def("dcp_publish(Tensor out, Tensor lse, Tensor out_slot, Tensor lse_slot) -> ()", &dpgate::dcp_publish);
   m.def("dcp_combine(Tensor outs, Tensor lses, int T, int head_offset, int heads, str isa) -> (Tensor, Tensor)",
         &dpgate::dcp_combine);
   m.def("rms_norm(Tensor x, Tensor weight, float eps, str isa) -> Tensor", &dpgate::rms_norm);
