@@ -88,8 +88,10 @@ def start_model(config: EngineConfig, source: ModelSource, numerics: Numerics) -
         import torch
 
         torch.set_num_threads(threads_per_rank(config))
-        sizes = buffer_sizes(plan, model, max(config.max_num_batched_tokens, config.max_num_seqs),
-                             config.max_num_seqs, num_blocks, config.block_size)  # fmt: skip
+        # A step holds at most the token budget; warm-up's widest step may hold two tokens more
+        # when the budget is tinier than a prefill chunk (ModelRunner.warm_up).
+        max_tokens = max(config.max_num_batched_tokens, config.max_num_seqs) + 2
+        sizes = buffer_sizes(plan, model, max_tokens, config.max_num_seqs, num_blocks, config.block_size)
         workers = WorkerGroup(plan, source, numerics, max_model_len, num_blocks, config.block_size, sizes,
                               threads_per_rank(config), config.worker_step_timeout)  # fmt: skip
         try:
