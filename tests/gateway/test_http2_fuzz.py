@@ -18,6 +18,22 @@ from tests.gateway import http2_fuzz
 from tests.gateway.processes import PYTHON, ROOT
 
 NUM_RUNS = 110_000
+RSS_GROWTH_ALLOWED_MB = 2048
+
+
+def _rss_limit_mb() -> int:
+    """libFuzzer's memory limit for a run started from this process.
+
+    libFuzzer judges memory by the peak resident size (getrusage's ru_maxrss), and Linux carries
+    the parent's high-water mark across fork and exec: under a suite that has loaded models, the
+    child starts out "using" gigabytes it never touched. The limit is therefore this process's own
+    high-water mark plus the growth a fuzz run may really cause.
+    """
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) // 1024 + RSS_GROWTH_ALLOWED_MB
+    return RSS_GROWTH_ALLOWED_MB
 
 
 def test_the_seeds_pass():
@@ -39,7 +55,7 @@ def test_atheris_finds_nothing_in_100_000_inputs(tmp_path):
     started = time.monotonic()
     result = subprocess.run(
         [PYTHON, "-m", "tests.gateway.http2_fuzz_main", f"-runs={NUM_RUNS}", "-seed=1", "-max_len=4096",
-         "-timeout=10", f"-artifact_prefix={tmp_path}/", str(corpus)],
+         "-timeout=10", f"-rss_limit_mb={_rss_limit_mb()}", f"-artifact_prefix={tmp_path}/", str(corpus)],
         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     elapsed = time.monotonic() - started
