@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("engines.engine_command", "run one engine: a model behind the dpgate.v1 services"),
     "gateway": ("gateway.gateway_command", "run the front door in front of engines (--engine HOST:PORT)"),
     "generate": ("gateway.generate_command", "stream a completion from a running server"),
+    "health": ("gateway.health_command", "check a running server's grpc.health.v1 status (exit 0 when SERVING)"),
 }
 
 
