@@ -9,6 +9,10 @@ started together build it once.
 
 Each instruction set's file is compiled with only that set enabled, and the library picks among
 them at run time, so one build runs on every x86-64 CPU (and the scalar file anywhere).
+
+A machine without the compiler (the container image's runtime stage, which gets the cache
+directory from its build stage) loads a library built for these sources and this torch by
+whichever compiler built it: each build leaves its compiler-independent key beside the library.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from engines.cache_dir import dpgate_cache_dir
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
 LIBRARY_NAME = "libdpgate_kernels.so"
+SOURCE_KEY_NAME = "source.key"  # beside each library: _source_key() of its build
 # No fast-math and no contraction: the kernels' results are defined by the operations written.
 COMMON_FLAGS = ("-O3", "-std=c++20", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-DNDEBUG", "-Wall")
 ISA_FLAGS = {
@@ -73,19 +78,39 @@ def _torch_flags() -> tuple[list[str], list[str]]:
     return compile_flags, link_flags
 
 
-def _build_key(compiler: str) -> str:
+def _source_key() -> str:
+    """What the library's code depends on apart from the compiler: sources, flags, torch, machine."""
     import torch
 
     digest = hashlib.sha256()
     for path in [Path(__file__), *sorted(SOURCE_DIR.iterdir())]:  # this file holds the flags
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(repr((COMMON_FLAGS, ISA_FLAGS, torch.__version__, platform.machine())).encode())
+    return digest.hexdigest()
+
+
+def _build_key(compiler: str) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    digest.update(repr((COMMON_FLAGS, ISA_FLAGS, torch.__version__, version, platform.machine())).encode())
-    return digest.hexdigest()[:16]
+    return hashlib.sha256(f"{_source_key()}\0{version}".encode()).hexdigest()[:16]
+
+
+def _prebuilt_library() -> Path | None:
+    """A library some compiler built for these sources and this torch, or None."""
+    wanted = _source_key()
+    for key_file in sorted((dpgate_cache_dir() / "kernels").glob(f"*/{SOURCE_KEY_NAME}")):
+        library = key_file.parent / LIBRARY_NAME
+        if key_file.read_text().strip() == wanted and library.exists():
+            return library
+    return None
 
 
 def library_path() -> Path:
-    """Where the library for these sources, this compiler and this torch lives (built or not)."""
+    """Where the library for these sources, this compiler and this torch lives (built or not);
+    without the compiler, a library built for these sources and this torch by another one."""
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        prebuilt = _prebuilt_library()
+        if prebuilt is not None:
+            return prebuilt
     return dpgate_cache_dir() / "kernels" / _build_key(_compiler()) / LIBRARY_NAME
 
 
@@ -123,5 +148,6 @@ def build(verbose: bool = False) -> Path:
                 list(pool.map(_run, commands))
             staged = Path(work) / LIBRARY_NAME
             _run([compiler, "-shared", *objects, "-o", str(staged), *torch_link])
+            (target.parent / SOURCE_KEY_NAME).write_text(_source_key() + "\n")
             os.replace(staged, target)  # atomic: readers see no library or a whole one
     return target
