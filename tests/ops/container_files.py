@@ -26,6 +26,7 @@ class ImageSpec:
     entrypoint: list[str]
     env: dict[str, str] = field(default_factory=dict)
     healthcheck: list[str] = field(default_factory=list)
+    exposed: set[int] = field(default_factory=set)
 
 
 def _instructions(text: str) -> list[tuple[str, str]]:
@@ -57,7 +58,7 @@ def _env_pairs(arguments: str) -> dict[str, str]:
 
 
 def read_dockerfile(path: Path = ROOT / "Dockerfile") -> ImageSpec:
-    """The last stage's ENV, ENTRYPOINT and HEALTHCHECK command (exec forms only)."""
+    """The last stage's ENV, EXPOSE, ENTRYPOINT and HEALTHCHECK command (exec forms only)."""
     spec: ImageSpec | None = None
     for name, arguments in _instructions(path.read_text()):
         if name == "FROM":
@@ -66,6 +67,8 @@ def read_dockerfile(path: Path = ROOT / "Dockerfile") -> ImageSpec:
             continue
         elif name == "ENV":
             spec.env.update(_env_pairs(arguments))
+        elif name == "EXPOSE":
+            spec.exposed.update(int(word.split("/")[0]) for word in arguments.split())
         elif name == "ENTRYPOINT":
             spec.entrypoint = json.loads(arguments)
         elif name == "HEALTHCHECK":
