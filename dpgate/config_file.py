@@ -80,6 +80,8 @@ def config_tokens(parser: argparse.ArgumentParser, path: str) -> tuple[list[str]
     tokens: list[str] = []
     keys: dict[str, tuple[str, str]] = {}
     for key, value in table.items():
+        if key.replace("_", "-") == CONFIG_DEST:
+            raise ConfigFileError(f"{path}: key {key!r} is refused: a config file cannot name another.")
         option, action = options.get(key.replace("_", "-"), (None, None))
         if action is None or option is None:
             raise ConfigFileError(f"{path}: unknown key {key!r}: it is not a flag of {parser.prog}.")

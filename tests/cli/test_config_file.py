@@ -69,7 +69,7 @@ def test_switches_and_negatable_flags(tmp_path: Path) -> None:
     [
         ("gateway", "max-in-fligth = 3\n", "{path}: unknown key 'max-in-fligth': it is not a flag of dpgate gateway."),
         ("engine", "policy = 'round-robin'\n", "{path}: unknown key 'policy': it is not a flag of dpgate engine."),
-        ("gateway", "config = 'other.toml'\n", "{path}: unknown key 'config': it is not a flag of dpgate gateway."),
+        ("gateway", "config = 'other.toml'\n", "{path}: key 'config' is refused: a config file cannot name another."),
         ("gateway", "port = 'abc'\n", "{path}: key 'port': argument --port: invalid int value: 'abc'"),
         ("gateway", "port = true\n", "{path}: key 'port': argument --port: invalid int value: 'true'"),
         (
