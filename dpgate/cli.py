@@ -2,7 +2,8 @@
 
 Each subcommand lives in the package that owns it and is imported only when chosen, so
 `dpgate gateway` never imports torch. A command module provides `add_arguments(parser)` and
-`run(args) -> int`; bad flags end with exit status 2 and one sentence naming the flag.
+`run(args) -> int`; bad flags end with exit status 2 and one sentence naming the flag. `serve`,
+`engine` and `gateway` also take `--config FILE` (dpgate/config_file.py).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from dpgate import __version__
+from dpgate.config_file import add_config_argument, parse_args_with_config
 
 # subcommand -> (module providing add_arguments/run, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -22,6 +25,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("gateway.generate_command", "stream a completion from a running server"),
     "health": ("gateway.health_command", "check a running server's grpc.health.v1 status (exit 0 when SERVING)"),
 }
+# The long-running commands also read their flags from a TOML file (dpgate/config_file.py).
+CONFIG_FILE_COMMANDS = frozenset({"serve", "engine", "gateway"})
 
 
 def top_level_parser() -> argparse.ArgumentParser:
@@ -47,11 +52,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         top_level_parser().parse_args(argv[:1])  # prints help/version or exits 2 naming the command
         return 2
     name, rest = argv[0], argv[1:]
+    module, parser = command_parser(name)
+    args = parse_args_with_config(parser, rest) if name in CONFIG_FILE_COMMANDS else parser.parse_args(rest)
+    return int(module.run(args) or 0)
+
+
+def command_parser(name: str) -> tuple[ModuleType, argparse.ArgumentParser]:
+    """The subcommand's module and its full parser (with --config where it takes one)."""
     module_name, help_text = SUBCOMMANDS[name]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"dpgate {name}", description=help_text)
     module.add_arguments(parser)
-    return int(module.run(parser.parse_args(rest)) or 0)
+    if name in CONFIG_FILE_COMMANDS:
+        add_config_argument(parser)
+    return module, parser
 
 
 if __name__ == "__main__":

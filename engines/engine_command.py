@@ -7,6 +7,7 @@ import asyncio
 import logging
 import sys
 
+from dpgate.config_file import attribute
 from engines.config import ConfigError, EngineConfig, add_engine_arguments
 from engines.gguf_reader import GGUFFormatError
 from engines.model_config import UnsupportedModelError
@@ -33,5 +34,5 @@ def run(args: argparse.Namespace) -> int:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             return runner.run(serve(config))
     except USER_ERRORS as error:
-        print(f"dpgate engine: {error}", file=sys.stderr)
+        print(f"dpgate engine: {attribute(str(error), args)}", file=sys.stderr)
         return 2

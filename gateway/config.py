@@ -9,6 +9,8 @@ the serving port) live here too, so no other module re-checks its inputs.
 from __future__ import annotations
 
 import os
+import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from gateway.routing.policies import POLICIES
@@ -23,6 +25,10 @@ HEADER_LIST_SIZE_RANGE = (1024, 16 << 20)
 HPACK_TABLE_SIZE_LIMIT = 1 << 16
 # Hosts that reach this machine, for the "engine is the gateway itself" rule.
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "[::1]", "0.0.0.0", "localhost"})
+# Secrets come from the environment, so none has to be on a command line (which `ps` shows) or in a
+# config file: accepted API keys, separated by whitespace, and the password of an encrypted --tls-key.
+API_KEYS_ENV = "DPGATE_API_KEYS"
+TLS_KEY_PASSWORD_ENV = "DPGATE_TLS_KEY_PASSWORD"
 
 
 class ConfigError(ValueError):
@@ -34,7 +40,8 @@ class GatewayConfig:
     """Everything the gateway reads at start. Durations are seconds, sizes bytes.
 
     `port` 0 asks the OS for a free port (the gateway logs the one it bound). `metrics_port` None
-    disables the metrics endpoint. `api_keys` empty disables authentication. `max_in_flight` None
+    disables the metrics endpoint. `api_keys` empty disables authentication. `tls_key_password`
+    decrypts an encrypted `tls_key_file` (None: the key must be unencrypted). `max_in_flight` None
     means no gateway-wide limit on concurrent calls.
 
     The front door's HTTP/2 limits (docs/gateway.md, "Limits"): `max_concurrent_streams` and
@@ -57,9 +64,11 @@ class GatewayConfig:
     port: int = 50051
     metrics_port: int | None = None
     policy: str = "least-loaded"
-    api_keys: tuple[str, ...] = ()
+    # Secrets stay out of repr, so a logged config never shows them.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    tls_key_password: str | None = field(default=None, repr=False)
     tls_client_ca_file: str | None = None
     max_message_bytes: int = 4 * 1024 * 1024
     max_in_flight: int | None = None
@@ -172,6 +181,25 @@ def _check_tls(config: GatewayConfig) -> None:
     ):
         if path is not None:
             _check_pem_file(path, flag)
+    if config.tls_cert_file is not None and config.tls_key_file is not None:
+        _check_tls_key(config.tls_cert_file, config.tls_key_file, config.tls_key_password)
+
+
+def _check_tls_key(cert_file: str, key_file: str, password: str | None) -> None:
+    """Load the pair now, so a wrong password or a key of another certificate fails at start."""
+
+    def give_password() -> bytes:  # called by OpenSSL only for an encrypted key
+        if password is None:
+            raise ConfigError(f"--tls-key {key_file!r} is encrypted: give its password in {TLS_KEY_PASSWORD_ENV}.")
+        return password.encode()
+
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file, password=give_password)
+    except ssl.SSLError:
+        raise ConfigError(
+            f"--tls-key {key_file!r} does not load with --tls-cert {cert_file!r}: "
+            f"a wrong {TLS_KEY_PASSWORD_ENV}, or a key of another certificate."
+        ) from None
 
 
 def _check_timing(config: GatewayConfig) -> None:
@@ -257,4 +285,20 @@ def read_api_key_file(path: str) -> tuple[str, ...]:
     keys = tuple(line.strip() for line in lines if line.strip() and not line.strip().startswith("#"))
     if not keys:
         raise ConfigError(f"--api-key-file {path!r} holds no key.")
+    return keys
+
+
+def api_keys_from_environment(environ: Mapping[str, str] = os.environ) -> tuple[str, ...]:
+    """Keys from DPGATE_API_KEYS, separated by whitespace (a key holds none). Raises ConfigError.
+
+    Set but empty is refused: it reads as "authentication on" while it would turn it off.
+    """
+    text = environ.get(API_KEYS_ENV)
+    if text is None:
+        return ()
+    keys = tuple(text.split())
+    if not keys:
+        raise ConfigError(f"{API_KEYS_ENV} is set but holds no key.")
+    if not all(key.isascii() and key.isprintable() for key in keys):
+        raise ConfigError(f"{API_KEYS_ENV} must hold printable ASCII keys separated by whitespace.")
     return keys

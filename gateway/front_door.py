@@ -256,7 +256,7 @@ def tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
         return None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
+    context.load_cert_chain(config.tls_cert_file, config.tls_key_file, password=config.tls_key_password)
     context.set_alpn_protocols(["h2"])
     if config.tls_client_ca_file:
         context.load_verify_locations(config.tls_client_ca_file)

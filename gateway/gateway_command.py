@@ -10,10 +10,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 
-from gateway.config import ConfigError, GatewayConfig, read_api_key_file, validate_config
+from dpgate.config_file import attribute
+from gateway.config import (
+    TLS_KEY_PASSWORD_ENV,
+    ConfigError,
+    GatewayConfig,
+    api_keys_from_environment,
+    read_api_key_file,
+    validate_config,
+)
 from gateway.logs import configure_logging
 from gateway.routing import POLICIES
 
@@ -30,10 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--port", type=int, default=d.port, help=f"port to serve on, 0 for a free one (default {d.port})")
     add("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: off)")
     add("--policy", default=d.policy, choices=sorted(POLICIES), help="how unpinned calls pick an engine")
-    add("--api-key", action="append", default=[], help="accept `authorization: Bearer KEY` (repeatable)")
+    add("--api-key", action="append", default=[],
+        help="accept `authorization: Bearer KEY` (repeatable; keys in $DPGATE_API_KEYS are accepted too)")
     add("--api-key-file", help="file of accepted API keys, one a line")
     add("--tls-cert", help="PEM certificate chain for TLS to clients")
-    add("--tls-key", help="PEM private key for --tls-cert")
+    add("--tls-key", help="PEM private key for --tls-cert; if encrypted, its password in $DPGATE_TLS_KEY_PASSWORD")
     add("--tls-client-ca", help="PEM CA bundle; clients must show a certificate it signed (mutual TLS)")
     add("--max-message-bytes", type=int, default=d.max_message_bytes, help="largest message either way")
     add("--max-in-flight", type=int, help="refuse calls beyond this many in flight (default: no limit)")
@@ -97,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     api_keys = tuple(args.api_key)
     if args.api_key_file:
         api_keys += read_api_key_file(args.api_key_file)
+    api_keys += api_keys_from_environment()
     config = GatewayConfig(
         engines=tuple(args.engine),
         host=args.host,
@@ -106,6 +117,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         api_keys=api_keys,
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,
+        tls_key_password=os.environ.get(TLS_KEY_PASSWORD_ENV),
         tls_client_ca_file=args.tls_client_ca,
         max_message_bytes=args.max_message_bytes,
         max_in_flight=args.max_in_flight,
@@ -148,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except ConfigError as error:
-        print(f"dpgate gateway: error: {error}", file=sys.stderr)
+        print(f"dpgate gateway: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
     configure_logging(config.log_json)
     import uvloop
@@ -156,6 +168,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         uvloop.run(serve(config))
     except ConfigError as error:  # a port that cannot be bound
-        print(f"dpgate gateway: error: {error}", file=sys.stderr)
+        print(f"dpgate gateway: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
     return 0

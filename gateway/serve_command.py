@@ -21,7 +21,8 @@ import socket
 import subprocess
 import sys
 
-from gateway.config import ConfigError, GatewayConfig, validate_config
+from dpgate.config_file import attribute
+from gateway.config import ConfigError, GatewayConfig, api_keys_from_environment, validate_config
 from gateway.gateway_command import add_limit_arguments, limits_from_args
 from gateway.logs import configure_logging
 
@@ -53,7 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="engines compute with the batch-invariant kernels (default); --no-batch-invariant: torch's",
     )
-    add("--api-key", action="append", default=[], help="accept `authorization: Bearer KEY` (repeatable)")
+    add(
+        "--api-key",
+        action="append",
+        default=[],
+        help="accept `authorization: Bearer KEY` (repeatable; keys in $DPGATE_API_KEYS are accepted too)",
+    )
     add("--log-json", action="store_true", help="gateway logs one JSON object a line")
     add_limit_arguments(parser)
 
@@ -136,7 +142,7 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
             host=args.host,
             port=args.port,
             metrics_port=args.metrics_port,
-            api_keys=tuple(args.api_key),
+            api_keys=tuple(args.api_key) + api_keys_from_environment(),
             log_json=args.log_json,
             **limits_from_args(args),
             # Health says SERVING only once every engine started here passed the handshake.
@@ -150,20 +156,21 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
 
 def run(args: argparse.Namespace) -> int:
     if args.data_parallel_size < 1:
-        print("dpgate serve: error: --data-parallel-size must be at least 1.", file=sys.stderr)
+        message = attribute("--data-parallel-size must be at least 1.", args)
+        print(f"dpgate serve: error: {message}", file=sys.stderr)
         return 2
     ports = [free_local_port() for _ in range(args.data_parallel_size)]
     try:
         config = gateway_config(args, ports)
     except ConfigError as error:
-        print(f"dpgate serve: error: {error}", file=sys.stderr)
+        print(f"dpgate serve: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
     from gateway.server import ensure_bindable
 
     try:
         ensure_bindable(config.host, config.port, "--port")  # before any engine is started
     except ConfigError as error:
-        print(f"dpgate serve: error: {error}", file=sys.stderr)
+        print(f"dpgate serve: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
     configure_logging(config.log_json)
     processes = [subprocess.Popen(engine_command(args, rank, port)) for rank, port in enumerate(ports)]
@@ -172,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return uvloop.run(serve(config, processes))
     except ConfigError as error:  # a port that cannot be bound
-        print(f"dpgate serve: error: {error}", file=sys.stderr)
+        print(f"dpgate serve: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
     finally:
         stop_engines(processes)
