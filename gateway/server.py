@@ -31,6 +31,8 @@ from grpc_reflection.v1alpha import reflection
 from dpgate.servicer_guard import ServicerGuard
 from dpgate.v1 import control_pb2, generate_pb2
 from gateway.config import ConfigError, GatewayConfig
+from gateway.discovery import EngineDiscovery
+from gateway.dns_resolver import make_resolver
 from gateway.engine_client import CONTROL_SERVICE, INFERENCE_SERVICE
 from gateway.engine_pool import EnginePool
 from gateway.forwarding import Forwarder
@@ -87,6 +89,7 @@ class GatewayServer:
         self._is_draining = False
         self._has_been_ready = False  # see gateway.readiness
         self._health_task: asyncio.Task | None = None
+        self._discovery_task: asyncio.Task | None = None
 
     def _add_local_services(self) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.local_services)
@@ -111,7 +114,18 @@ class GatewayServer:
             await self.local_services.stop(grace=None)
             raise
         await self.pool.start()
+        self._start_discovery()
         return self.port
+
+    def _start_discovery(self) -> None:
+        """Look up `--engine-dns` names in the background (a slow nameserver must not delay start)."""
+        config = self.config
+        if not config.engine_dns_targets:
+            return
+        # A lookup may take up to the interval: the next one starts after it in any case.
+        resolver = make_resolver(config.dns_server_address, config.engine_dns_interval_s)
+        discovery = EngineDiscovery(config.engine_dns_targets, resolver, config.engine_dns_interval_s, self.pool)
+        self._discovery_task = asyncio.get_running_loop().create_task(discovery.run(), name="engine discovery")
 
     async def _bind(self) -> None:
         """Listen for clients (and metrics); a port that cannot be bound is a ConfigError."""
@@ -179,5 +193,8 @@ class GatewayServer:
         if self.forwarder.local_services is not None:
             self.forwarder.local_services.close()
         await self.local_services.stop(grace=None)
+        if self._discovery_task is not None:
+            self._discovery_task.cancel()
+            await asyncio.gather(self._discovery_task, return_exceptions=True)
         await self.pool.close()
         await asyncio.sleep(0)  # let the transports flush their last frames
