@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from dpgate import __version__
 
@@ -37,6 +38,18 @@ def top_level_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def subcommand_parser(name: str) -> tuple[ModuleType, argparse.ArgumentParser]:
+    """The module and argument parser of one subcommand, exactly as `dpgate NAME` parses its flags.
+
+    Also used by tests that check flags written elsewhere (deploy/kubernetes/) against the command.
+    """
+    module_name, help_text = SUBCOMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"dpgate {name}", description=help_text)
+    module.add_arguments(parser)
+    return module, parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
@@ -46,10 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         top_level_parser().parse_args(argv[:1])  # prints help/version or exits 2 naming the command
         return 2
     name, rest = argv[0], argv[1:]
-    module_name, help_text = SUBCOMMANDS[name]
-    module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog=f"dpgate {name}", description=help_text)
-    module.add_arguments(parser)
+    module, parser = subcommand_parser(name)
     return int(module.run(parser.parse_args(rest)) or 0)
 
 

@@ -105,11 +105,11 @@ class GatewayConfig:
         return self.tls_cert_file is not None
 
 
-def parse_address(text: str, flag: str) -> tuple[str, int]:
+def parse_address(text: str, flag: str, example: str = "HOST:PORT, such as 127.0.0.1:50061") -> tuple[str, int]:
     """Split `host:port` (or `[v6]:port`) and check both halves; `flag` names the source in errors."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not host or not port_text.isdigit():
-        raise ConfigError(f"{flag} {text!r} must be HOST:PORT, such as 127.0.0.1:50061.")
+        raise ConfigError(f"{flag} {text!r} must be {example}.")
     port = int(port_text)
     if not 1 <= port <= MAX_PORT:
         raise ConfigError(f"{flag} {text!r} has port {port}, which must be in 1..{MAX_PORT}.")
@@ -165,7 +165,8 @@ def _check_engines(config: GatewayConfig) -> tuple[tuple[str, int], ...]:
 
 
 def _check_engine_dns(config: GatewayConfig) -> tuple[tuple[str, int], ...]:
-    targets = tuple(parse_address(text, "--engine-dns") for text in config.engine_dns)
+    example = "NAME:PORT, such as dpgate-engine:50061"
+    targets = tuple(parse_address(text, "--engine-dns", example) for text in config.engine_dns)
     for text, (name, _) in zip(config.engine_dns, targets, strict=True):
         if _DNS_NAME.fullmatch(name) is None:
             raise ConfigError(f"--engine-dns {text!r} must name a DNS name such as dpgate-engine:50061.")
@@ -180,7 +181,7 @@ def _check_dns_server(config: GatewayConfig) -> tuple[str, int] | None:
         return None
     if not config.engine_dns:
         raise ConfigError("--dns-server is only used by --engine-dns; give --engine-dns too.")
-    host, port = parse_address(config.dns_server, "--dns-server")
+    host, port = parse_address(config.dns_server, "--dns-server", "IP:PORT, such as 10.96.0.10:53")
     try:
         ipaddress.ip_address(host.strip("[]"))
     except ValueError:

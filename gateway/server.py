@@ -7,6 +7,9 @@ front door relays to, so they keep gRPC's own implementations.
 Health ("" and each service) is NOT_SERVING until `gateway.readiness.is_ready` says otherwise:
 any routable engine for `dpgate gateway`, every rank for `dpgate serve` (its config sets
 `ready_data_parallel_size`).
+Health "liveness" is SERVING from start to drain whatever the engines do: a liveness probe
+(Kubernetes `grpc:` probe with `service: liveness`) must restart a stuck gateway, never one that
+is merely waiting for engines.
 
 `GatewayServer.start()` binds and returns the port; `drain()` runs the SIGTERM sequence:
 health NOT_SERVING first (load balancers stop sending), then the drain grace (calls still
@@ -46,6 +49,7 @@ from gateway.upstream import UpstreamLink
 logger = logging.getLogger("dpgate.gateway")
 
 SERVICES = (INFERENCE_SERVICE, CONTROL_SERVICE)
+LIVENESS_SERVICE = "liveness"
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -104,6 +108,7 @@ class GatewayServer:
         self._add_local_services()
         for service in ("", *SERVICES):
             await self.health.set(service, _NOT_SERVING)
+        await self.health.set(LIVENESS_SERVICE, _SERVING)
         self.pool.add_listener(self._on_engines_changed)
         local_port = self.local_services.add_insecure_port("127.0.0.1:0")
         await self.local_services.start()
