@@ -9,6 +9,7 @@ one while calls run on it (it must finish them, take no new call, and no call ma
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -16,7 +17,14 @@ from grpc import aio
 
 from dpgate.v1 import generate_pb2_grpc
 from tests.gateway.dns_server import TestDnsServer
-from tests.gateway.processes import FAST_HEALTH, GatewayProcess, SyntheticEngineProcess, free_port, stream_request
+from tests.gateway.processes import (
+    FAST_HEALTH,
+    RANK_KEY,
+    GatewayProcess,
+    SyntheticEngineProcess,
+    free_port,
+    stream_request,
+)
 
 SERVICE = "dpgate-engine.test"
 INTERVAL_S = 0.2
@@ -65,6 +73,19 @@ async def flow(address: str, stop: asyncio.Event, outcomes: list[str]) -> None:
         await asyncio.gather(*(client() for _ in range(NUM_CLIENTS)))
 
 
+async def pinned_stream(address: str, rank: int, num_tokens: int) -> str:
+    """One stream pinned to `rank`; its outcome as `flow` records it."""
+    async with aio.insecure_channel(address) as channel:
+        call = generate_pb2_grpc.InferenceServiceStub(channel).GenerateStream(
+            stream_request(num_tokens), metadata=[(RANK_KEY, str(rank))], timeout=20
+        )
+        try:
+            events = [message.WhichOneof("event") async for message in call]
+        except aio.AioRpcError as error:
+            return f"{error.code().name}: {error.details()}"
+        return "ok" if events[-1] == "finish" and events.count("delta") == num_tokens else f"incomplete {events}"
+
+
 def test_engines_join_and_leave_by_dns_while_calls_flow(log_dir):
     port = free_port()
     first, leaving, joining = (LoopbackEngine(f"127.0.0.{n + 2}", port, n, 3, log_dir) for n in range(3))
@@ -95,12 +116,16 @@ def test_engines_join_and_leave_by_dns_while_calls_flow(log_dir):
                 await asyncio.to_thread(wait_for, lambda: joining.served() >= 3, 10, "calls on the joining engine")
 
                 # Remove an engine while calls run on it: they must finish, and no new call may start there.
-                await asyncio.to_thread(wait_for, lambda: leaving.load().num_running >= 1, 5, "a call in flight")
+                # Two long streams pinned to its rank make sure the removal meets calls in flight.
+                long_streams = [asyncio.create_task(pinned_stream(gateway.address, 1, 40)) for _ in range(2)]
+                await asyncio.to_thread(wait_for, lambda: leaving.load().num_running >= 2, 5, "calls in flight")
                 dns.resolver.set(SERVICE, [first.host, joining.host])
-                await asyncio.to_thread(
-                    wait_for, lambda: leaving.load().num_running == 0, 5, "the leaving engine's calls to end"
-                )
-                await asyncio.sleep(4 * INTERVAL_S)
+                retired = f"engine {leaving.address} (rank 1) retired"
+                await asyncio.to_thread(wait_for, lambda: retired in gateway.log_path.read_text(), 10, retired)
+                left = re.escape(f"engine {leaving.address} (rank 1) left DNS: retiring it after its ")
+                drained = re.search(left + r"(\d+) calls in flight", gateway.log_path.read_text())
+                assert drained is not None and int(drained.group(1)) >= 2, "the removal met no call in flight"
+                outcomes.extend(await asyncio.gather(*long_streams))
                 served_by_leaving = leaving.served()
                 before = len(outcomes)
                 await asyncio.sleep(1.0)  # calls keep flowing to the engines still in the answer
@@ -113,8 +138,6 @@ def test_engines_join_and_leave_by_dns_while_calls_flow(log_dir):
             failures = [outcome for outcome in outcomes if outcome != "ok"]
             assert not failures, failures[:5]
             assert joining.served() >= 3 and first.served() >= 3
-            log = gateway.log_path.read_text()
-            assert f"engine 127.0.0.3:{port} (rank 1) retired" in log, log[-2000:]
         finally:
             if gateway is not None:
                 gateway.stop()
