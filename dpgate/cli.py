@@ -58,7 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def command_parser(name: str) -> tuple[ModuleType, argparse.ArgumentParser]:
-    """The subcommand's module and its full parser (with --config where it takes one)."""
+    """The subcommand's module and its full parser (with --config where it takes one), exactly as
+    `dpgate NAME` parses its flags; also used by tests that check flags written elsewhere
+    (deploy/kubernetes/, docs/operations.md) against the command."""
     module_name, help_text = SUBCOMMANDS[name]
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"dpgate {name}", description=help_text)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+import socket
 from dataclasses import dataclass
 
 from engines.model_source import DEFAULT_MODEL
@@ -18,6 +20,8 @@ from engines.scheduler import SchedulerConfig
 DTYPES = (AUTO_DTYPE, "bfloat16", "float16", "float32")
 QUANTIZATIONS = ("none", "int8")  # see engines/quantization.py
 DEFAULT_PORT = 50051
+# A StatefulSet pod's hostname is `<statefulset name>-<ordinal>`; the ordinal is the DP rank.
+_HOSTNAME_ORDINAL = re.compile(r"-(0|[1-9][0-9]*)$")
 
 
 class ConfigError(ValueError):
@@ -111,6 +115,7 @@ class EngineConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
+        """Build the config from parsed flags; raises ConfigError when the DP rank cannot be known."""
         return cls(
             model=args.model,
             served_model_name=args.served_model_name,
@@ -118,7 +123,7 @@ class EngineConfig:
             port=args.port,
             dtype=args.dtype,
             max_model_len=args.max_model_len,
-            data_parallel_rank=args.data_parallel_rank,
+            data_parallel_rank=_data_parallel_rank(args),
             data_parallel_size=args.data_parallel_size,
             metrics_port=args.metrics_port,
             block_size=args.block_size,
@@ -138,6 +143,30 @@ class EngineConfig:
         )
 
 
+def rank_from_hostname(hostname: str) -> int:
+    """The DP rank a StatefulSet pod's hostname carries in its trailing `-N` (e.g. dpgate-engine-2 -> 2).
+
+    The first label is used, so a fully qualified name works too. Leading zeros are refused: no
+    StatefulSet names a pod `-01`, so such a name is a misconfiguration, not an ordinal.
+    """
+    label = hostname.split(".", 1)[0]
+    match = _HOSTNAME_ORDINAL.search(label)
+    if match is None:
+        raise ConfigError(
+            f"--data-parallel-rank-from-hostname: hostname {hostname!r} does not end in -N "
+            "(a StatefulSet pod ordinal such as dpgate-engine-0)"
+        )
+    return int(match.group(1))
+
+
+def _data_parallel_rank(args: argparse.Namespace) -> int:
+    if not args.data_parallel_rank_from_hostname:
+        return 0 if args.data_parallel_rank is None else args.data_parallel_rank
+    if args.data_parallel_rank is not None:
+        raise ConfigError("--data-parallel-rank and --data-parallel-rank-from-hostname cannot be given together")
+    return rank_from_hostname(socket.gethostname())
+
+
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
@@ -154,7 +183,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "docs/engine.md), float32, bfloat16 or float16",
     )
     parser.add_argument("--max-model-len", type=int, default=None, help="context length (default: the model's)")
-    parser.add_argument("--data-parallel-rank", type=int, default=0, help="this engine's global DP rank")
+    parser.add_argument(
+        "--data-parallel-rank", type=int, default=None, help="this engine's global DP rank (default: 0)"
+    )
+    parser.add_argument(
+        "--data-parallel-rank-from-hostname",
+        action="store_true",
+        help="take the DP rank from the trailing -N of the hostname (a Kubernetes StatefulSet pod's ordinal)",
+    )
     parser.add_argument("--data-parallel-size", type=int, default=1, help="number of DP ranks in the deployment")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port (default: off)")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default: %(default)s)")

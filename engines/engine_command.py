@@ -24,8 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = EngineConfig.from_args(args)
     try:
+        config = EngineConfig.from_args(args)
         config.validate()
         import uvloop
 

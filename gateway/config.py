@@ -8,7 +8,9 @@ the serving port) live here too, so no other module re-checks its inputs.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -23,6 +25,9 @@ MAX_MESSAGE_BYTES_LIMIT = 2**31 - 1
 MAX_STREAMS_LIMIT = 2**31 - 1
 HEADER_LIST_SIZE_RANGE = (1024, 16 << 20)
 HPACK_TABLE_SIZE_LIMIT = 1 << 16
+# A DNS name as RFC 1123 allows it (labels of letters, digits and inner hyphens), optionally ending in a dot.
+_DNS_LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+_DNS_NAME = re.compile(rf"(?=.{{1,253}}\.?$){_DNS_LABEL}(\.{_DNS_LABEL})*\.?")
 # Hosts that reach this machine, for the "engine is the gateway itself" rule.
 _LOCAL_HOSTS = frozenset({"127.0.0.1", "[::1]", "0.0.0.0", "localhost"})
 # Secrets come from the environment, so none has to be on a command line (which `ps` shows) or in a
@@ -51,6 +56,10 @@ class GatewayConfig:
     `idle_timeout_s` closes a connection with no open stream for that long; `hpack_table_size`
     caps a client's HPACK dynamic table; `max_continuation_frames` caps one field block's
     CONTINUATION frames; `max_resets_per_second` is the rapid-reset guard.
+
+    `engine_dns` names headless services (`NAME:PORT`) whose every address is an engine; they are
+    resolved every `engine_dns_interval_s` through `dns_server` (`HOST:PORT` of a nameserver, None
+    for the system resolver), alongside the fixed `engines` (docs/gateway.md, "Discovery from DNS").
 
     `ready_data_parallel_size` decides when health first turns SERVING. None (`dpgate gateway`):
     whenever any engine is routable. N (`dpgate serve --data-parallel-size N`, which started the N
@@ -93,18 +102,23 @@ class GatewayConfig:
     breaker_open_s: float = 5.0
     log_json: bool = False
     ready_data_parallel_size: int | None = None
+    engine_dns: tuple[str, ...] = ()
+    engine_dns_interval_s: float = 5.0
+    dns_server: str | None = None
     engine_addresses: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    engine_dns_targets: tuple[tuple[str, int], ...] = field(default=(), compare=False)
+    dns_server_address: tuple[str, int] | None = field(default=None, compare=False)
 
     @property
     def is_tls(self) -> bool:
         return self.tls_cert_file is not None
 
 
-def parse_address(text: str, flag: str) -> tuple[str, int]:
+def parse_address(text: str, flag: str, example: str = "HOST:PORT, such as 127.0.0.1:50061") -> tuple[str, int]:
     """Split `host:port` (or `[v6]:port`) and check both halves; `flag` names the source in errors."""
     host, sep, port_text = text.rpartition(":")
     if not sep or not host or not port_text.isdigit():
-        raise ConfigError(f"{flag} {text!r} must be HOST:PORT, such as 127.0.0.1:50061.")
+        raise ConfigError(f"{flag} {text!r} must be {example}.")
     port = int(port_text)
     if not 1 <= port <= MAX_PORT:
         raise ConfigError(f"{flag} {text!r} has port {port}, which must be in 1..{MAX_PORT}.")
@@ -143,8 +157,10 @@ def _check_pem_file(path: str, flag: str) -> None:
 
 
 def _check_engines(config: GatewayConfig) -> tuple[tuple[str, int], ...]:
-    if not config.engines:
-        raise ConfigError("--engine is required at least once: the gateway needs an engine to forward to.")
+    if not config.engines and not config.engine_dns:
+        raise ConfigError(
+            "--engine or --engine-dns is required at least once: the gateway needs an engine to forward to."
+        )
     addresses = tuple(parse_address(text, "--engine") for text in config.engines)
     seen: dict[tuple[str, int], str] = {}
     for text, address in zip(config.engines, addresses, strict=True):
@@ -155,6 +171,33 @@ def _check_engines(config: GatewayConfig) -> tuple[tuple[str, int], ...]:
         if config.port != 0 and address[1] == config.port and is_local:
             raise ConfigError(f"--engine {text!r} is the gateway's own --port; it cannot forward to itself.")
     return addresses
+
+
+def _check_engine_dns(config: GatewayConfig) -> tuple[tuple[str, int], ...]:
+    example = "NAME:PORT, such as dpgate-engine:50061"
+    targets = tuple(parse_address(text, "--engine-dns", example) for text in config.engine_dns)
+    for text, (name, _) in zip(config.engine_dns, targets, strict=True):
+        if _DNS_NAME.fullmatch(name) is None:
+            raise ConfigError(f"--engine-dns {text!r} must name a DNS name such as dpgate-engine:50061.")
+    if len(set(targets)) != len(targets):
+        raise ConfigError("--engine-dns names the same NAME:PORT twice.")
+    _check_positive(config.engine_dns_interval_s, "--engine-dns-interval")
+    return targets
+
+
+def _check_dns_server(config: GatewayConfig) -> tuple[str, int] | None:
+    if config.dns_server is None:
+        return None
+    if not config.engine_dns:
+        raise ConfigError("--dns-server is only used by --engine-dns; give --engine-dns too.")
+    host, port = parse_address(config.dns_server, "--dns-server", "IP:PORT, such as 10.96.0.10:53")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        raise ConfigError(
+            f"--dns-server {config.dns_server!r} must be an IP address and port, such as 10.96.0.10:53."
+        ) from None
+    return host, port
 
 
 def _check_readiness(config: GatewayConfig) -> None:
@@ -267,12 +310,16 @@ def validate_config(config: GatewayConfig) -> GatewayConfig:
     if not config.host:
         raise ConfigError("--host must not be empty.")
     addresses = _check_engines(config)
+    dns_targets = _check_engine_dns(config)
+    dns_server = _check_dns_server(config)
     _check_readiness(config)
     _check_tls(config)
     _check_timing(config)
     _check_limits(config)
     _check_http2_limits(config)
-    return replace(config, engine_addresses=addresses)
+    return replace(
+        config, engine_addresses=addresses, engine_dns_targets=dns_targets, dns_server_address=dns_server
+    )
 
 
 def read_api_key_file(path: str) -> tuple[str, ...]:

@@ -5,6 +5,11 @@ fail): first the handshake (GetServerInfo, checked by `gateway.handshake`), then
 Check and GetLoad. An engine that went unhealthy handshakes again when it answers, because a
 restarted engine is a new process that may report a different rank or model; passing that
 handshake also closes its circuit breaker, so it takes calls again within one health interval.
+
+Engines found by DNS (`gateway.discovery`) come and go through `set_discovered`. A new address
+gets a client and a watcher like a configured one. A vanished one is retired: it leaves routing
+and the handshake's view at once (so a replacement may take its rank), its watcher stops, and its
+client stays open until the calls in flight on it have finished; then it is closed.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import grpc
 
@@ -25,6 +30,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.routing import EngineView
 
 logger = logging.getLogger("dpgate.gateway.engines")
+# How often a retired engine is checked for its last call in flight to end.
+_RETIRE_POLL_S = 0.05
 
 
 def _name(engine: EngineClient) -> str:
@@ -39,7 +46,11 @@ class EnginePool:
         self._metrics = metrics
         self.engines = [EngineClient(f"{host}:{port}", config) for host, port in config.engine_addresses]
         self.by_address = {engine.address: engine for engine in self.engines}
-        self._tasks: list[asyncio.Task] = []
+        self._configured = frozenset(self.by_address)  # --engine addresses: never retired
+        # Engines that left DNS and still finish calls; Abort still reaches them.
+        self.retiring: list[EngineClient] = []
+        self._watchers: dict[str, asyncio.Task] = {}
+        self._retirements: set[asyncio.Task] = set()
         self._listeners: list[Callable[[], None]] = []
 
     def add_listener(self, listener: Callable[[], None]) -> None:
@@ -100,13 +111,59 @@ class EnginePool:
 
     async def start(self) -> None:
         for engine in self.engines:
-            self._tasks.append(asyncio.create_task(self._watch(engine), name=f"watch {engine.address}"))
+            self._start_watching(engine)
+
+    def _start_watching(self, engine: EngineClient) -> None:
+        task = asyncio.get_running_loop().create_task(self._watch(engine), name=f"watch {engine.address}")
+        self._watchers[engine.address] = task
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._watchers.values(), *self._retirements]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await asyncio.gather(*(engine.close() for engine in self.engines), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        engines = [*self.engines, *self.retiring]
+        await asyncio.gather(*(engine.close() for engine in engines), return_exceptions=True)
+
+    # --- engines found by DNS -----------------------------------------------------------------
+
+    def set_discovered(self, addresses: Collection[str]) -> None:
+        """Make the discovered engines exactly `addresses` (`HOST:PORT`); configured ones always stay.
+
+        Retirements run before additions, so an engine that came back at a new address (a
+        rescheduled pod) never meets its own old self in the handshake's duplicate-rank rule.
+        """
+        wanted = set(addresses)
+        for engine in list(self.engines):
+            if engine.address not in wanted and engine.address not in self._configured:
+                self._retire(engine)
+        for address in sorted(wanted - self.by_address.keys()):
+            engine = EngineClient(address, self._config)
+            self.engines.append(engine)
+            self.by_address[address] = engine
+            logger.info("engine %s found by DNS", address)
+            self._start_watching(engine)
+
+    def _retire(self, engine: EngineClient) -> None:
+        self.engines.remove(engine)
+        del self.by_address[engine.address]
+        self._watchers.pop(engine.address).cancel()
+        self.retiring.append(engine)
+        logger.info("%s left DNS: retiring it after its %d calls in flight", _name(engine), engine.num_in_flight)
+        task = asyncio.get_running_loop().create_task(self._finish_retiring(engine), name=f"retire {engine.address}")
+        self._retirements.add(task)
+        task.add_done_callback(self._retirements.discard)
+        if engine.identity is not None:
+            self._notify()
+
+    async def _finish_retiring(self, engine: EngineClient) -> None:
+        while engine.num_in_flight:
+            await asyncio.sleep(_RETIRE_POLL_S)
+        self.retiring.remove(engine)
+        if engine.rank is not None and engine.address not in self.by_address:  # not back under the same address
+            self._metrics.forget_engine(engine.rank, engine.address)
+        logger.info("%s retired", _name(engine))
+        await engine.close()
 
     async def _watch(self, engine: EngineClient) -> None:
         while True:

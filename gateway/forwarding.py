@@ -176,7 +176,9 @@ class Forwarder:
         counter.inc()
 
     def usable_engines(self) -> list[EngineClient]:
-        return [engine for engine in self._pool.connected() if engine.health.is_healthy]
+        """Engines an unpinned Abort goes to: the healthy connected ones, and retiring ones still finishing calls."""
+        pool = self._pool
+        return [engine for engine in pool.connected() if engine.health.is_healthy] + list(pool.retiring)
 
     def cancel_all(self) -> None:
         """End every call in flight (shutdown timeout): upstream streams are reset."""

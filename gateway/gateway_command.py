@@ -1,4 +1,4 @@
-"""`dpgate gateway`: run the front door in front of engines given with `--engine HOST:PORT`.
+"""`dpgate gateway`: run the front door in front of engines (`--engine HOST:PORT`, `--engine-dns NAME:PORT`).
 
 Flags are read once into a `GatewayConfig` and validated as a whole; a bad flag or combination
 exits 2 with one sentence naming the flag. On start the gateway prints one line
@@ -35,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--engine", action="append", default=[], metavar="HOST:PORT",
         help="an engine to forward to; repeat for each data parallel rank")
+    add("--engine-dns", action="append", default=[], metavar="NAME:PORT",
+        help="every A/AAAA address of NAME (a headless service) is an engine on PORT; re-resolved, repeatable")
+    add("--engine-dns-interval", type=float, default=d.engine_dns_interval_s,
+        help=f"seconds between --engine-dns lookups (default {d.engine_dns_interval_s})")
+    add("--dns-server", metavar="HOST:PORT",
+        help="nameserver for --engine-dns, asked directly (default: the system resolver)")
     add("--host", default=d.host, help=f"address to bind (default {d.host})")
     add("--port", type=int, default=d.port, help=f"port to serve on, 0 for a free one (default {d.port})")
     add("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: off)")
@@ -110,6 +116,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     api_keys += api_keys_from_environment()
     config = GatewayConfig(
         engines=tuple(args.engine),
+        engine_dns=tuple(args.engine_dns),
+        engine_dns_interval_s=args.engine_dns_interval,
+        dns_server=args.dns_server,
         host=args.host,
         port=args.port,
         metrics_port=args.metrics_port,
@@ -146,7 +155,7 @@ async def serve(config: GatewayConfig) -> None:
     port = await gateway.start()
     metrics = f", metrics on {config.host}:{gateway.metrics_port}" if gateway.metrics_port is not None else ""
     print(f"dpgate gateway listening on {config.host}:{port}{metrics}", flush=True)
-    logger.info("forwarding to %s with policy %s", ", ".join(config.engines), config.policy)
+    logger.info("forwarding to %s with policy %s", ", ".join(config.engines + config.engine_dns), config.policy)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -6,6 +6,8 @@ process and keeps the names this module declares the only ones the endpoint show
 
 from __future__ import annotations
 
+import contextlib
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from gateway.health_state import CircuitState
@@ -83,6 +85,12 @@ class GatewayMetrics:
 
     def set_circuit_state(self, rank: int, address: str, state: CircuitState) -> None:
         self.circuit_state.labels(rank=str(rank), address=address).set(_CIRCUIT_VALUE[state])
+
+    def forget_engine(self, rank: int, address: str) -> None:
+        """Drop a retired engine's per-engine series, so dashboards do not show it forever."""
+        for gauge in (self.engine_healthy, self.circuit_state):
+            with contextlib.suppress(KeyError):
+                gauge.remove(str(rank), address)
 
     def serve(self, host: str, port: int) -> int:
         """Expose the registry over HTTP; returns the bound port (`port` 0 picks a free one)."""

@@ -7,6 +7,9 @@ front door relays to, so they keep gRPC's own implementations.
 Health ("" and each service) is NOT_SERVING until `gateway.readiness.is_ready` says otherwise:
 any routable engine for `dpgate gateway`, every rank for `dpgate serve` (its config sets
 `ready_data_parallel_size`).
+Health "liveness" is SERVING from start to drain whatever the engines do: a liveness probe
+(Kubernetes `grpc:` probe with `service: liveness`) must restart a stuck gateway, never one that
+is merely waiting for engines.
 
 `GatewayServer.start()` binds and returns the port; `drain()` runs the SIGTERM sequence:
 health NOT_SERVING first (load balancers stop sending), then the drain grace (calls still
@@ -31,6 +34,8 @@ from grpc_reflection.v1alpha import reflection
 from dpgate.servicer_guard import ServicerGuard
 from dpgate.v1 import control_pb2, generate_pb2
 from gateway.config import ConfigError, GatewayConfig
+from gateway.discovery import EngineDiscovery
+from gateway.dns_resolver import make_resolver
 from gateway.engine_client import CONTROL_SERVICE, INFERENCE_SERVICE
 from gateway.engine_pool import EnginePool
 from gateway.forwarding import Forwarder
@@ -44,6 +49,7 @@ from gateway.upstream import UpstreamLink
 logger = logging.getLogger("dpgate.gateway")
 
 SERVICES = (INFERENCE_SERVICE, CONTROL_SERVICE)
+LIVENESS_SERVICE = "liveness"
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -87,6 +93,7 @@ class GatewayServer:
         self._is_draining = False
         self._has_been_ready = False  # see gateway.readiness
         self._health_task: asyncio.Task | None = None
+        self._discovery_task: asyncio.Task | None = None
 
     def _add_local_services(self) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.local_services)
@@ -101,6 +108,7 @@ class GatewayServer:
         self._add_local_services()
         for service in ("", *SERVICES):
             await self.health.set(service, _NOT_SERVING)
+        await self.health.set(LIVENESS_SERVICE, _SERVING)
         self.pool.add_listener(self._on_engines_changed)
         local_port = self.local_services.add_insecure_port("127.0.0.1:0")
         await self.local_services.start()
@@ -111,7 +119,18 @@ class GatewayServer:
             await self.local_services.stop(grace=None)
             raise
         await self.pool.start()
+        self._start_discovery()
         return self.port
+
+    def _start_discovery(self) -> None:
+        """Look up `--engine-dns` names in the background (a slow nameserver must not delay start)."""
+        config = self.config
+        if not config.engine_dns_targets:
+            return
+        # A lookup may take up to the interval: the next one starts after it in any case.
+        resolver = make_resolver(config.dns_server_address, config.engine_dns_interval_s)
+        discovery = EngineDiscovery(config.engine_dns_targets, resolver, config.engine_dns_interval_s, self.pool)
+        self._discovery_task = asyncio.get_running_loop().create_task(discovery.run(), name="engine discovery")
 
     async def _bind(self) -> None:
         """Listen for clients (and metrics); a port that cannot be bound is a ConfigError."""
@@ -179,5 +198,8 @@ class GatewayServer:
         if self.forwarder.local_services is not None:
             self.forwarder.local_services.close()
         await self.local_services.stop(grace=None)
+        if self._discovery_task is not None:
+            self._discovery_task.cancel()
+            await asyncio.gather(self._discovery_task, return_exceptions=True)
         await self.pool.close()
         await asyncio.sleep(0)  # let the transports flush their last frames

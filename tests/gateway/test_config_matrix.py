@@ -39,6 +39,13 @@ MATRIX = [
     ("duplicate engine", [*E, *E], "--engine"),
     ("duplicate engine by case", [*E, "--engine", "LOCALHOST:50061", "--engine", "localhost:50061"], "--engine"),
     ("engine is the gateway", ["--engine", "127.0.0.1:50051", "--port", "50051"], "--engine"),
+    ("engine dns without port", ["--engine-dns", "dpgate-engine"], "--engine-dns"),
+    ("engine dns bad name", ["--engine-dns", "bad_name:50061"], "--engine-dns"),
+    ("engine dns twice", ["--engine-dns", "a:1", "--engine-dns", "A:1"], "--engine-dns"),
+    ("engine dns interval zero", ["--engine-dns", "a:1", "--engine-dns-interval", "0"], "--engine-dns-interval"),
+    ("dns server without engine dns", [*E, "--dns-server", "127.0.0.1:53"], "--dns-server"),
+    ("dns server not an address", ["--engine-dns", "a:1", "--dns-server", "ns.example:53"], "--dns-server"),
+    ("dns server without port", ["--engine-dns", "a:1", "--dns-server", "127.0.0.1"], "--dns-server"),
     ("port negative", [*E, "--port", "-1"], "--port"),
     ("port too large", [*E, "--port", "65536"], "--port"),
     ("metrics port too large", [*E, "--metrics-port", "70000"], "--metrics-port"),
@@ -117,6 +124,14 @@ def test_readiness_size_is_validated_with_the_rest(size, text):
     with pytest.raises(ConfigError) as info:
         validate_config(config)
     assert str(info.value).startswith(text)
+
+
+def test_engine_dns_alone_is_enough_and_is_parsed():
+    config = GatewayConfig(engines=(), engine_dns=("Dpgate-Engine:50061",), dns_server="[::1]:5353")
+    config = validate_config(config)
+    assert config.engine_addresses == ()
+    assert config.engine_dns_targets == (("dpgate-engine", 50061),)
+    assert config.dns_server_address == ("[::1]", 5353)
 
 
 def test_serve_waits_for_all_the_engines_it_starts():
