@@ -142,6 +142,8 @@ def _print_stream(client: DpgateClient, args: argparse.Namespace, status: Termin
                     sys.stdout.write(delta.text)
                     sys.stdout.flush()
                     wrote_text = True
+                    if status is not None:
+                        status.wrote(delta.text)
                 if status is not None:
                     status.show(clock.live_text(time.monotonic()))
     finally:

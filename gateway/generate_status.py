@@ -10,8 +10,11 @@ is piped or redirected. Two layouts, because the text and the status may share o
   of text it moves down one row with IND (ESC D, which scrolls at the bottom and keeps the column),
   back up with RI (ESC M), saves the cursor, draws the footer on the row below and restores the
   cursor at the end of the text. Before the next chunk it erases the footer the same way, so text
-  that wraps onto that row never mixes with stale status characters. No column arithmetic is
-  needed, so wide characters and tabs in the text cannot misplace it.
+  that wraps onto that row never mixes with stale status characters. One state cannot survive
+  those moves: a row filled to its last column leaves the cursor there with the wrap pending,
+  and any cursor movement cancels the wrap, so the next character would overwrite the row's last
+  one (tmux showed exactly that). `CursorColumn` follows the text's column (character widths as
+  terminals count them) and the footer waits out that state.
 
 At the end the footer is erased and the final line printed below the text with a newline.
 """
@@ -19,6 +22,7 @@ At the end the footer is erased and the final line printed below the text with a
 from __future__ import annotations
 
 import os
+import unicodedata
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -77,6 +81,42 @@ class GenerationClock:
         return ", ".join(parts)
 
 
+def char_width(char: str) -> int:
+    """Columns a terminal gives `char`: 0 for controls and combining marks, 2 for wide East Asian forms."""
+    if char < " " or "\x7f" <= char < "\xa0":
+        return 0
+    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+class CursorColumn:
+    """The cursor's column after the text written so far; `width` columns means a wrap is pending."""
+
+    __slots__ = ("column",)
+
+    def __init__(self) -> None:
+        self.column = 0
+
+    def advance(self, text: str, width: int) -> None:
+        for char in text:
+            if char in "\r\n":
+                self.column = 0
+            elif char == "\t":
+                if self.column < width:
+                    self.column = min((self.column // 8 + 1) * 8, width - 1)
+            elif char == "\b":
+                self.column = max(0, min(self.column, width - 1) - 1)
+            else:
+                columns = char_width(char)
+                if columns:
+                    # A character that does not fit on the row (or one after a pending wrap) starts the next.
+                    self.column = columns if self.column + columns > width else self.column + columns
+
+    def is_wrap_pending(self, width: int) -> bool:
+        return self.column >= width
+
+
 def shares_terminal(first: TextIO, second: TextIO) -> bool:
     """True when both streams are the same terminal device (so their output shares one screen)."""
     try:
@@ -95,6 +135,12 @@ class TerminalStatus:
         self.stream = stream
         self.is_footer = is_footer
         self._is_shown = False
+        self._cursor = CursorColumn()
+
+    def wrote(self, text: str) -> None:
+        """Tell the footer what the generated text put on the screen since the last call."""
+        if self.is_footer:
+            self._cursor.advance(text, self._width())
 
     def _width(self) -> int:
         try:
@@ -108,6 +154,8 @@ class TerminalStatus:
 
     def show(self, text: str) -> None:
         if self.is_footer:
+            if self._cursor.is_wrap_pending(self._width()):
+                return  # moving the cursor now would cancel the wrap; the next chunk redraws
             body = INDEX + REVERSE_INDEX + SAVE + INDEX + ERASE_LINE + self._fit(text) + RESTORE
         else:
             body = ERASE_LINE + self._fit(text)
@@ -123,7 +171,7 @@ class TerminalStatus:
         self._is_shown = False
 
     def finish(self, text: str) -> None:
-        """Erase the live line and print `text` as the last line (the caller ended the text's line)."""
+        """Erase the live line and print `text` whole as the last line (the caller ended the text's line)."""
         self.clear()
-        self.stream.write(self._fit(text) + "\n")
+        self.stream.write(text + "\n")
         self.stream.flush()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 
 from gateway.client_results import Finish, FinishReason, Usage
-from gateway.generate_status import GenerationClock, TerminalStatus, shares_terminal
+from gateway.generate_status import CursorColumn, GenerationClock, TerminalStatus, shares_terminal
 
 
 def test_the_clock_reports_ttft_and_the_decode_rate():
@@ -48,11 +48,42 @@ def test_beside_the_text_the_line_is_a_footer_one_row_below_the_cursor():
     status = TerminalStatus(stream, is_footer=True)
     status.show("a")
     status.clear()
-    status.finish("x" * 100)  # cut to the fallback width of 80, less one column
+    status.show("y" * 100)  # cut to the fallback width of 80, less one column
+    status.finish("z" * 100)  # printed whole: it may wrap, nothing redraws it
     draw = "\x1bD\x1bM" + "\x1b7\x1bD\r\x1b[2Ka\x1b8"  # make room below (scrolls at the bottom), draw there
     erase = "\x1b7\x1bD\r\x1b[2K\x1b8"
-    assert stream.getvalue() == draw + erase + "x" * 79 + "\n"
+    long_draw = draw.replace("a", "y" * 79)
+    assert stream.getvalue() == draw + erase + long_draw + erase + "z" * 100 + "\n"
 
 
 def test_streams_that_are_no_terminal_do_not_share_one():
     assert not shares_terminal(io.StringIO(), io.StringIO())
+
+
+def test_the_column_follows_wrapping_wide_characters_and_controls():
+    cursor = CursorColumn()
+    cursor.advance("x" * 10, width=10)
+    assert cursor.is_wrap_pending(10)  # the row is full: the next character starts the next row
+    cursor.advance("y", width=10)
+    assert cursor.column == 1
+    cursor.advance("日本", width=10)  # two columns each
+    assert cursor.column == 5
+    cursor.advance("e\u0301\u200b", width=10)  # a combining accent and a zero-width space take none
+    assert cursor.column == 6
+    cursor.advance("\t", width=10)
+    assert cursor.column == 8
+    cursor.advance("x日", width=10)  # two columns do not fit in the row's last one: it starts the next row
+    assert cursor.column == 2
+    cursor.advance("ab\nc", width=10)
+    assert cursor.column == 1
+
+
+def test_the_footer_waits_while_a_wrap_is_pending():
+    stream = io.StringIO()
+    status = TerminalStatus(stream, is_footer=True)
+    status.wrote("x" * 80)  # a full row at the fallback width of 80
+    status.show("a")
+    assert stream.getvalue() == ""
+    status.wrote("x")
+    status.show("a")
+    assert stream.getvalue().endswith("a\x1b8")
