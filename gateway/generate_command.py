@@ -45,9 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tls-ca", help="PEM CA bundle that signed the server's certificate (implies --tls)")
     add("--tls-cert", help="PEM client certificate for mutual TLS (implies --tls; needs --tls-key)")
     add("--tls-key", help="PEM private key of --tls-cert")
-    add("--tls-server-name", help="name the server's certificate must carry, if not the address's host")
+    add("--tls-server-name", help="name the server's certificate must carry, if not the address's host (implies --tls)")
     add("--no-status", action="store_true", help="no status line on the terminal")
-    add("--verbose", action="store_true", help="when stderr is no terminal: print the finish reason and counts")
+    add("--verbose", action="store_true", help="without a status line: print the finish reason and token counts")
 
 
 def _rank(value: str | None) -> int | None:
