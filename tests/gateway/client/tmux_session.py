@@ -35,13 +35,20 @@ class TmuxSession:
         )
         env = {key: value for key, value in os.environ.items() if not key.startswith("TMUX")}
         env.pop("DPGATE_API_KEY", None)
+        self.socket_path: Path | None = None
         self._tmux(
             "new-session", "-d", "-x", str(width), "-y", str(height),
             f"bash --noprofile --rcfile {shlex.quote(str(rc))} -i",
             env=env,
         )  # fmt: skip
-        self._tmux("pipe-pane", "-o", f"cat >> {shlex.quote(str(self.log_path))}")
-        self.wait_for(lambda screen: screen.rstrip().endswith("$"), timeout=10)
+        try:
+            # kill-server leaves the socket file behind; remember where it is to remove it.
+            self.socket_path = Path(self._tmux("display-message", "-p", "#{socket_path}").strip())
+            self._tmux("pipe-pane", "-o", f"cat >> {shlex.quote(str(self.log_path))}")
+            self.wait_for(lambda screen: screen.rstrip().endswith("$"), timeout=10)
+        except BaseException:
+            self.kill()
+            raise
 
     def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
         command = [TMUX, "-L", self.socket, "-f", "/dev/null", *args]
@@ -75,3 +82,5 @@ class TmuxSession:
 
     def kill(self) -> None:
         subprocess.run([TMUX, "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
+        if self.socket_path is not None and self.socket_path.name == self.socket:
+            self.socket_path.unlink(missing_ok=True)
