@@ -1,67 +1,149 @@
-"""A small Python client for dpgate.v1 servers (a gateway or an engine).
+"""Python clients for dpgate.v1 servers (a gateway or an engine): blocking and asyncio, one surface.
 
-It wraps the generated stubs with keyword arguments for the common fields; anything more exotic
-can be sent by building the request messages directly and using `inference` / `control`.
+`DpgateClient` (grpc's blocking channel) and `AsyncDpgateClient` (grpc.aio) take the same arguments
+and offer the same calls: `generate` (one answer), `stream` (text deltas as they are generated, then
+the finish reason and token counts) and `server_info`. Each client can pin a data-parallel rank
+(metadata `x-data-parallel-rank`; a call can pin its own), send an API key the way the gateway
+checks it (`authorization: Bearer KEY`), set a default deadline, and speak TLS or mutual TLS
+(`TlsOptions`). A failed call raises `DpgateError` carrying the gRPC code and the server's message;
+bad arguments raise ValueError naming the argument before anything is sent.
+
+Blocking::
+
+    from gateway.client import DpgateClient, GenerationOptions
+
+    with DpgateClient("127.0.0.1:50051", rank=0, timeout=30) as client:
+        with client.stream("The capital of France is", GenerationOptions(max_tokens=16)) as stream:
+            for delta in stream:
+                print(delta.text, end="", flush=True)
+        print(stream.finish.reason, stream.finish.usage, "served by rank", stream.rank)
+
+asyncio::
+
+    async with AsyncDpgateClient("127.0.0.1:50051", api_key="KEY") as client:
+        async for delta in client.stream("Hello", GenerationOptions(max_tokens=8)):
+            print(delta.text, end="")
+        answer = await client.generate("Hello")   # answer.text, answer.finish, answer.rank
+
+Anything more exotic can be sent by building the request messages directly and calling the stubs
+`inference` / `control` with `metadata=client.metadata`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
+from grpc import aio
 
-from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
+from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2_grpc
+from gateway.client_options import (
+    DEFAULT_OPTIONS,
+    RANK_METADATA_KEY,
+    GenerationOptions,
+    TlsOptions,
+    call_metadata,
+    check_api_key,
+    check_rank,
+    check_timeout,
+    serving_rank,
+)
+from gateway.client_results import Completion, DpgateError, Finish, FinishReason, TextDelta, Usage, completion
+from gateway.client_streams import AsyncTokenStream, TokenStream
 
-RANK_METADATA_KEY = "x-data-parallel-rank"
+__all__ = [
+    "RANK_METADATA_KEY",
+    "AsyncDpgateClient",
+    "AsyncTokenStream",
+    "Completion",
+    "DpgateClient",
+    "DpgateError",
+    "Finish",
+    "FinishReason",
+    "GenerationOptions",
+    "TextDelta",
+    "TlsOptions",
+    "TokenStream",
+    "Usage",
+]
+
+ChannelOptions = Sequence[tuple[str, Any]]
 
 
-@dataclass(frozen=True, slots=True)
-class GenerationOptions:
-    """The request fields a command-line user sets most often."""
+class _Settings:
+    """What both clients check once and apply to every call: pin, key, deadline, transport."""
 
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int = 0
-    seed: int | None = None
-    stop: Sequence[str] = ()
-    ignore_eos: bool = False
+    __slots__ = ("api_key", "channel_options", "credentials", "rank", "timeout", "wait_for_ready")
 
-    def sampling(self) -> generate_pb2.SamplingParams:
-        params = generate_pb2.SamplingParams(top_k=self.top_k)
-        if self.temperature is not None:
-            params.temperature = self.temperature
-        if self.top_p is not None:
-            params.top_p = self.top_p
-        if self.seed is not None:
-            params.seed = self.seed
-        return params
+    def __init__(
+        self,
+        address: str,
+        rank: int | None,
+        api_key: str | None,
+        timeout: float | None,
+        tls: TlsOptions | None,
+        credentials: grpc.ChannelCredentials | None,
+        channel_options: ChannelOptions,
+        wait_for_ready: bool,
+    ) -> None:
+        if not isinstance(address, str) or not address.strip():
+            raise ValueError(f"address must be a non-empty HOST:PORT (or gRPC target), got {address!r}")
+        if tls is not None and credentials is not None:
+            raise ValueError("give tls or credentials, not both")
+        self.rank = check_rank(rank)
+        self.api_key = check_api_key(api_key)
+        self.timeout = check_timeout(timeout)
+        self.credentials = tls.credentials() if tls is not None else credentials
+        self.channel_options = (*channel_options, *(tls.channel_options() if tls is not None else ()))
+        self.wait_for_ready = wait_for_ready
 
-    def stopping(self) -> generate_pb2.StoppingCriteria:
-        stopping = generate_pb2.StoppingCriteria(stop=list(self.stop), ignore_eos=self.ignore_eos)
-        if self.max_tokens is not None:
-            stopping.max_tokens = self.max_tokens
-        return stopping
+    def call(self, rank: int | None, timeout: float | None) -> dict[str, Any]:
+        """Keyword arguments for one stub call; a call's own rank and timeout win over the client's."""
+        rank = self.rank if rank is None else check_rank(rank)
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
+        return {
+            "metadata": call_metadata(rank, self.api_key),
+            "timeout": timeout,
+            "wait_for_ready": self.wait_for_ready,
+        }
 
 
 class DpgateClient:
+    """A blocking client over one channel; see the module docstring for an example.
+
+    `rank` pins every call to a data-parallel rank (a call's own `rank` wins); `api_key` is sent as
+    `authorization: Bearer KEY`; `timeout` is the default deadline in seconds (None: none);
+    `tls` turns on TLS (`credentials` takes any other grpc.ChannelCredentials instead);
+    `wait_for_ready` makes calls wait for the channel instead of failing UNAVAILABLE at once.
+    """
+
     def __init__(
         self,
         address: str,
         *,
-        rank: str | None = None,
+        rank: int | None = None,
         api_key: str | None = None,
+        timeout: float | None = None,
+        tls: TlsOptions | None = None,
         credentials: grpc.ChannelCredentials | None = None,
-    ):
-        self.channel = grpc.secure_channel(address, credentials) if credentials else grpc.insecure_channel(address)
+        channel_options: ChannelOptions = (),
+        wait_for_ready: bool = False,
+    ) -> None:
+        self._settings = _Settings(
+            address, rank=rank, api_key=api_key, timeout=timeout, tls=tls, credentials=credentials,
+            channel_options=channel_options, wait_for_ready=wait_for_ready,
+        )  # fmt: skip
+        options = self._settings.channel_options
+        credentials = self._settings.credentials
+        self.channel = (
+            grpc.secure_channel(address, credentials, options)
+            if credentials is not None
+            else grpc.insecure_channel(address, options)
+        )
         self.inference = generate_pb2_grpc.InferenceServiceStub(self.channel)
         self.control = control_pb2_grpc.ControlServiceStub(self.channel)
-        self.metadata: list[tuple[str, str]] = []
-        if rank is not None:
-            self.metadata.append((RANK_METADATA_KEY, rank))
-        if api_key:
-            self.metadata.append(("authorization", f"Bearer {api_key}"))
+        self.metadata = call_metadata(self._settings.rank, self._settings.api_key)
 
     def __enter__(self) -> DpgateClient:
         return self
@@ -73,18 +155,122 @@ class DpgateClient:
         self.channel.close()
 
     def generate(
-        self, prompt: str, options: GenerationOptions = GenerationOptions(), timeout: float | None = None
-    ) -> generate_pb2.GenerateResponse:
-        request = generate_pb2.GenerateRequest(text=prompt, sampling=options.sampling(), stopping=options.stopping())
-        return self.inference.Generate(request, metadata=self.metadata, timeout=timeout)
+        self,
+        prompt: str,
+        options: GenerationOptions = DEFAULT_OPTIONS,
+        timeout: float | None = None,
+        *,
+        rank: int | None = None,
+    ) -> Completion:
+        """The whole completion of `prompt` in one answer."""
+        request = options.generate_request(prompt)
+        try:
+            response, call = self.inference.Generate.with_call(request, **self._settings.call(rank, timeout))
+        except grpc.RpcError as error:
+            raise DpgateError.from_rpc_error(error) from None
+        return completion(response, serving_rank(call.trailing_metadata()))
 
     def stream(
-        self, prompt: str, options: GenerationOptions = GenerationOptions(), timeout: float | None = None
-    ) -> Iterator[generate_pb2.GenerateStreamResponse]:
-        request = generate_pb2.GenerateStreamRequest(
-            text=prompt, sampling=options.sampling(), stopping=options.stopping()
-        )
-        return self.inference.GenerateStream(request, metadata=self.metadata, timeout=timeout)
+        self,
+        prompt: str,
+        options: GenerationOptions = DEFAULT_OPTIONS,
+        timeout: float | None = None,
+        *,
+        rank: int | None = None,
+    ) -> TokenStream:
+        """The completion of `prompt` as it is generated: iterate the stream for TextDelta."""
+        request = options.stream_request(prompt)
+        return TokenStream(self.inference.GenerateStream(request, **self._settings.call(rank, timeout)))
 
-    def server_info(self, timeout: float | None = None) -> control_pb2.GetServerInfoResponse:
-        return self.control.GetServerInfo(control_pb2.GetServerInfoRequest(), metadata=self.metadata, timeout=timeout)
+    def server_info(
+        self, timeout: float | None = None, *, rank: int | None = None
+    ) -> control_pb2.GetServerInfoResponse:
+        """The serving engine's version, parallelism (its dp rank among them) and cache geometry."""
+        request = control_pb2.GetServerInfoRequest()
+        try:
+            return self.control.GetServerInfo(request, **self._settings.call(rank, timeout))
+        except grpc.RpcError as error:
+            raise DpgateError.from_rpc_error(error) from None
+
+
+class AsyncDpgateClient:
+    """The asyncio client (grpc.aio): DpgateClient's arguments and calls, awaited.
+
+    Create it inside the event loop that uses it; `stream` returns its stream at once (no await)
+    so that `async for delta in client.stream(...)` reads naturally.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        rank: int | None = None,
+        api_key: str | None = None,
+        timeout: float | None = None,
+        tls: TlsOptions | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        channel_options: ChannelOptions = (),
+        wait_for_ready: bool = False,
+    ) -> None:
+        self._settings = _Settings(
+            address, rank=rank, api_key=api_key, timeout=timeout, tls=tls, credentials=credentials,
+            channel_options=channel_options, wait_for_ready=wait_for_ready,
+        )  # fmt: skip
+        options = self._settings.channel_options
+        credentials = self._settings.credentials
+        self.channel = (
+            aio.secure_channel(address, credentials, options)
+            if credentials is not None
+            else aio.insecure_channel(address, options)
+        )
+        self.inference = generate_pb2_grpc.InferenceServiceStub(self.channel)
+        self.control = control_pb2_grpc.ControlServiceStub(self.channel)
+        self.metadata = call_metadata(self._settings.rank, self._settings.api_key)
+
+    async def __aenter__(self) -> AsyncDpgateClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def generate(
+        self,
+        prompt: str,
+        options: GenerationOptions = DEFAULT_OPTIONS,
+        timeout: float | None = None,
+        *,
+        rank: int | None = None,
+    ) -> Completion:
+        """The whole completion of `prompt` in one answer."""
+        call = self.inference.Generate(options.generate_request(prompt), **self._settings.call(rank, timeout))
+        try:
+            response = await call
+            trailing = await call.trailing_metadata()
+        except grpc.RpcError as error:
+            raise DpgateError.from_rpc_error(error) from None
+        return completion(response, serving_rank(tuple(trailing or ())))
+
+    def stream(
+        self,
+        prompt: str,
+        options: GenerationOptions = DEFAULT_OPTIONS,
+        timeout: float | None = None,
+        *,
+        rank: int | None = None,
+    ) -> AsyncTokenStream:
+        """The completion of `prompt` as it is generated: `async for` the stream for TextDelta."""
+        request = options.stream_request(prompt)
+        return AsyncTokenStream(self.inference.GenerateStream(request, **self._settings.call(rank, timeout)))
+
+    async def server_info(
+        self, timeout: float | None = None, *, rank: int | None = None
+    ) -> control_pb2.GetServerInfoResponse:
+        """The serving engine's version, parallelism (its dp rank among them) and cache geometry."""
+        request = control_pb2.GetServerInfoRequest()
+        try:
+            return await self.control.GetServerInfo(request, **self._settings.call(rank, timeout))
+        except grpc.RpcError as error:
+            raise DpgateError.from_rpc_error(error) from None

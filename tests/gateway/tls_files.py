@@ -31,11 +31,13 @@ def make_ca(directory: Path, name: str) -> CertPair:
     return CertPair(cert, key)
 
 
-def make_signed(directory: Path, name: str, ca: CertPair, usage: str) -> CertPair:
-    """A certificate for localhost/127.0.0.1 signed by `ca`; usage is serverAuth or clientAuth."""
+def make_signed(
+    directory: Path, name: str, ca: CertPair, usage: str, alt_names: str = "DNS:localhost,IP:127.0.0.1"
+) -> CertPair:
+    """A certificate for `alt_names` (localhost/127.0.0.1) signed by `ca`; usage is serverAuth or clientAuth."""
     key, csr, cert = directory / f"{name}.key", directory / f"{name}.csr", directory / f"{name}.pem"
     extensions = directory / f"{name}.ext"
-    extensions.write_text(f"subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage={usage}\n")
+    extensions.write_text(f"subjectAltName={alt_names}\nextendedKeyUsage={usage}\n")
     _openssl(
         "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
         "-keyout", str(key), "-out", str(csr), "-subj", f"/CN={name}",
