@@ -9,6 +9,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from dpgate.logs import add_log_format_argument
 from engines.model_source import DEFAULT_MODEL
 from engines.numerics import AUTO_DTYPE
 from engines.parallel.plan import ParallelConfigError, ParallelPlan
@@ -49,6 +50,7 @@ class EngineConfig:
     dcp_kv_interleave: int = 1
     allow_oversubscribe: bool = False
     worker_step_timeout: float = 30.0
+    log_format: str = "plain"  # dpgate.logs.LOG_FORMATS
 
     @property
     def parallel_plan(self) -> ParallelPlan:
@@ -135,6 +137,7 @@ class EngineConfig:
             dcp_kv_interleave=args.dcp_kv_interleave,
             allow_oversubscribe=args.allow_oversubscribe,
             worker_step_timeout=args.worker_step_timeout,
+            log_format=args.log_format,
         )
 
 
@@ -157,6 +160,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-parallel-rank", type=int, default=0, help="this engine's global DP rank")
     parser.add_argument("--data-parallel-size", type=int, default=1, help="number of DP ranks in the deployment")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port (default: off)")
+    add_log_format_argument(parser)
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default: %(default)s)")
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: from memory)")
     parser.add_argument(

@@ -82,7 +82,7 @@ class GatewayConfig:
     success_threshold: int = 1
     breaker_failure_threshold: int = 5
     breaker_open_s: float = 5.0
-    log_json: bool = False
+    log_format: str = "plain"  # dpgate.logs.LOG_FORMATS
     ready_data_parallel_size: int | None = None
     engine_addresses: tuple[tuple[str, int], ...] = field(default=(), compare=False)
 

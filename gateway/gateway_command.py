@@ -13,8 +13,8 @@ import logging
 import signal
 import sys
 
+from dpgate.logs import add_log_format_argument, configure_logging
 from gateway.config import ConfigError, GatewayConfig, read_api_key_file, validate_config
-from gateway.logs import configure_logging
 from gateway.routing import POLICIES
 
 logger = logging.getLogger("dpgate.gateway")
@@ -54,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="failed calls in a row that open an engine's circuit")
     add("--breaker-open-seconds", type=float, default=d.breaker_open_s,
         help="seconds an open circuit waits before trying the engine again")
-    add("--log-json", action="store_true", help="log one JSON object a line")
+    add_log_format_argument(parser, deprecated_json_flag=True)
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -121,7 +121,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         success_threshold=args.success_threshold,
         breaker_failure_threshold=args.breaker_failure_threshold,
         breaker_open_s=args.breaker_open_seconds,
-        log_json=args.log_json,
+        log_format=args.log_format,
     )
     return validate_config(config)
 
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"dpgate gateway: error: {error}", file=sys.stderr)
         return 2
-    configure_logging(config.log_json)
+    configure_logging(config.log_format)
     import uvloop
 
     try:
