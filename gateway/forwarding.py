@@ -197,9 +197,10 @@ class Forwarder:
             duration = self._durations[rpc] = self.metrics.duration.labels(rpc=rpc)
         duration.observe(time.perf_counter() - start)
 
-    @staticmethod
-    def log_call(rpc: str, code: grpc.StatusCode, rank: int | None, start: float, request_id: str) -> None:
+    def log_call(self, rpc: str, code: grpc.StatusCode, rank: int | None, start: float, request_id: str) -> None:
         """The call's access line: rpc, final code, serving rank, duration and its x-request-id."""
+        if not self.config.access_log:
+            return
         duration_ms = round((time.perf_counter() - start) * 1000, 3)
         served = "" if rank is None else f" by rank {rank}"
         fields = {"request_id": request_id, "rpc": rpc, "code": code.name, "duration_ms": duration_ms}

@@ -54,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="failed calls in a row that open an engine's circuit")
     add("--breaker-open-seconds", type=float, default=d.breaker_open_s,
         help="seconds an open circuit waits before trying the engine again")
+    add("--access-log", action=argparse.BooleanOptionalAction, default=True,
+        help="log one line per call with its x-request-id, code and duration (default); it costs ~15 us a call")
     add_log_format_argument(parser, deprecated_json_flag=True)
 
 
@@ -122,6 +124,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         breaker_failure_threshold=args.breaker_failure_threshold,
         breaker_open_s=args.breaker_open_seconds,
         log_format=args.log_format,
+        access_log=args.access_log,
     )
     return validate_config(config)
 

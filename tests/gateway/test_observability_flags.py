@@ -26,6 +26,13 @@ def test_gateway_and_serve_read_the_log_format_and_the_deprecated_flag(argv, log
     assert serve_command.gateway_config(parse(serve_command, argv), [1001]).log_format == log_format
 
 
+def test_the_access_log_is_on_unless_turned_off():
+    gateway = ["--engine", "127.0.0.1:1"]
+    assert gateway_command.config_from_args(parse(gateway_command, gateway)).access_log
+    assert not gateway_command.config_from_args(parse(gateway_command, [*gateway, "--no-access-log"])).access_log
+    assert not serve_command.gateway_config(parse(serve_command, ["--no-access-log"]), [1001]).access_log
+
+
 def test_an_unknown_log_format_exits_2_naming_the_flag(capsys):
     with pytest.raises(SystemExit) as info:
         parse(gateway_command, ["--log-format", "xml"])
