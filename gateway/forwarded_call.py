@@ -425,11 +425,13 @@ class ForwardedCall:
             if not engines:
                 raise Unavailable("no engine can serve the request: every candidate is not healthy")
             request = self._request
+            metadata = ((_REQUEST_ID_KEY.decode(), self._request_id),)
             timeout = None
             if self._deadline is not None:
                 timeout = max(0.0, self._deadline - asyncio.get_running_loop().time())
             results = await asyncio.gather(
-                *(engine.abort(request, timeout=timeout) for engine in engines), return_exceptions=True
+                *(engine.abort(request, timeout=timeout, metadata=metadata) for engine in engines),
+                return_exceptions=True,
             )
             aborted: list[str] = []
             for engine, result in zip(engines, results, strict=True):

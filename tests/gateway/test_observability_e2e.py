@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from dpgate.v1 import generate_pb2
+from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2
 from tests.deploy.test_grafana_dashboard import dashboard, panel_queries
 from tests.gateway.processes import (
     FAST_HEALTH,
@@ -140,6 +140,14 @@ def test_failing_calls_echo_the_id(deployment, channel) -> None:
     assert refused_by_gateway.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert trailer_ids(refused_by_gateway.value) == ["obs-bad-rank"]
     assert "data_parallel_rank" not in wait_for_line(gateway.log_path, "obs-bad-rank", "dpgate.gateway.access")
+
+
+def test_control_calls_and_the_abort_fan_out_echo_the_id(channel) -> None:
+    stub = control_pb2_grpc.ControlServiceStub(channel)
+    _, call = stub.Abort.with_call(control_pb2.AbortRequest(request_ids=["none"]), metadata=[(REQUEST_ID, "obs-ab")])
+    assert trailer_ids(call) == ["obs-ab"]
+    _, call = stub.GetLoad.with_call(control_pb2.GetLoadRequest(), metadata=[(REQUEST_ID, "obs-load")])
+    assert trailer_ids(call) == ["obs-load"]
 
 
 def test_an_unusable_id_is_replaced_and_the_replacement_logged(deployment, channel) -> None:
