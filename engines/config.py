@@ -9,7 +9,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
-from dpgate.logs import add_log_format_argument
+from dpgate.logs import LOG_FORMATS, add_log_format_argument
 from engines.model_source import DEFAULT_MODEL
 from engines.numerics import AUTO_DTYPE
 from engines.parallel.plan import ParallelConfigError, ParallelPlan
@@ -62,6 +62,8 @@ class EngineConfig:
 
     def validate(self) -> None:
         _check_port("--port", self.port)
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"--log-format {self.log_format} must be one of {', '.join(LOG_FORMATS)}")
         if self.metrics_port is not None:
             _check_port("--metrics-port", self.metrics_port)
             if self.metrics_port == self.port:

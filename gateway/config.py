@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
+from dpgate.logs import LOG_FORMATS
 from gateway.routing.policies import POLICIES
 
 MAX_PORT = 65535
@@ -233,6 +234,8 @@ def _check_http2_limits(config: GatewayConfig) -> None:
 def validate_config(config: GatewayConfig) -> GatewayConfig:
     """Check every rule; return the config with parsed engine addresses, or raise ConfigError."""
     _check_port(config.port, "--port", allow_zero=True)
+    if config.log_format not in LOG_FORMATS:
+        raise ConfigError(f"--log-format {config.log_format} must be one of {', '.join(LOG_FORMATS)}.")
     if config.metrics_port is not None:
         _check_port(config.metrics_port, "--metrics-port", allow_zero=True)
         if config.metrics_port == config.port and config.port != 0:

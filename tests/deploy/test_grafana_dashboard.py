@@ -10,23 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support.grafana import GRAFANA, dashboard, panel_queries
 from tests.support.promql import exposed_names, metric_names
 from tests.support.promtool import promtool
-
-GRAFANA = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
-
-
-def dashboard() -> dict:
-    return json.loads((GRAFANA / "dpgate.json").read_text())
-
-
-def panel_queries(board: dict) -> list[tuple[str, str]]:
-    """(panel title, expr) of every query of every panel, rows' nested panels included."""
-    queries = []
-    for panel in board["panels"]:
-        for inner in [panel, *panel.get("panels", [])]:
-            queries += [(inner["title"], target["expr"]) for target in inner.get("targets", [])]
-    return queries
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,6 @@ import grpc
 import pytest
 
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2
-from tests.deploy.test_grafana_dashboard import dashboard, panel_queries
 from tests.gateway.processes import (
     FAST_HEALTH,
     RANK_KEY,
@@ -30,6 +29,7 @@ from tests.gateway.processes import (
     inference_stub,
     stream_request,
 )
+from tests.support.grafana import dashboard, panel_queries
 from tests.support.promql import exposed_names, metric_names
 from tests.support.promtool import promtool
 

@@ -6,8 +6,11 @@ import argparse
 
 import pytest
 
+from engines.config import ConfigError as EngineConfigError
 from engines.config import EngineConfig, add_engine_arguments
 from gateway import gateway_command, serve_command
+from gateway.config import ConfigError as GatewayConfigError
+from gateway.config import GatewayConfig, validate_config
 
 
 def parse(module, argv: list[str]) -> argparse.Namespace:
@@ -38,6 +41,13 @@ def test_an_unknown_log_format_exits_2_naming_the_flag(capsys):
         parse(gateway_command, ["--log-format", "xml"])
     assert info.value.code == 2
     assert "argument --log-format: invalid choice: 'xml'" in capsys.readouterr().err
+
+
+def test_a_log_format_set_in_code_is_validated_like_the_flag():
+    with pytest.raises(GatewayConfigError, match=r"^--log-format xml must be one of plain, json\.$"):
+        validate_config(GatewayConfig(engines=("127.0.0.1:1",), log_format="xml"))
+    with pytest.raises(EngineConfigError, match=r"^--log-format xml must be one of plain, json$"):
+        EngineConfig(log_format="xml").validate()
 
 
 def test_the_engine_reads_its_log_format():
