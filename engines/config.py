@@ -11,6 +11,7 @@ import re
 import socket
 from dataclasses import dataclass
 
+from dpgate.logs import LOG_FORMATS, add_log_format_argument
 from engines.model_source import DEFAULT_MODEL
 from engines.numerics import AUTO_DTYPE
 from engines.parallel.plan import ParallelConfigError, ParallelPlan
@@ -53,6 +54,7 @@ class EngineConfig:
     dcp_kv_interleave: int = 1
     allow_oversubscribe: bool = False
     worker_step_timeout: float = 30.0
+    log_format: str = "plain"  # dpgate.logs.LOG_FORMATS
 
     @property
     def parallel_plan(self) -> ParallelPlan:
@@ -64,6 +66,8 @@ class EngineConfig:
 
     def validate(self) -> None:
         _check_port("--port", self.port)
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"--log-format {self.log_format} must be one of {', '.join(LOG_FORMATS)}")
         if self.metrics_port is not None:
             _check_port("--metrics-port", self.metrics_port)
             if self.metrics_port == self.port:
@@ -140,6 +144,7 @@ class EngineConfig:
             dcp_kv_interleave=args.dcp_kv_interleave,
             allow_oversubscribe=args.allow_oversubscribe,
             worker_step_timeout=args.worker_step_timeout,
+            log_format=args.log_format,
         )
 
 
@@ -193,6 +198,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data-parallel-size", type=int, default=1, help="number of DP ranks in the deployment")
     parser.add_argument("--metrics-port", type=int, default=None, help="Prometheus HTTP port (default: off)")
+    add_log_format_argument(parser)
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block (default: %(default)s)")
     parser.add_argument("--num-kv-blocks", type=int, default=None, help="KV-cache blocks (default: from memory)")
     parser.add_argument(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
 from dpgate.config_file import attribute
+from dpgate.logs import configure_logging
 from engines.config import ConfigError, EngineConfig, add_engine_arguments
 from engines.gguf_reader import GGUFFormatError
 from engines.model_config import UnsupportedModelError
@@ -23,9 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = EngineConfig.from_args(args)
+        configure_logging(config.log_format)
         config.validate()
         import uvloop
 

@@ -1,5 +1,10 @@
 """Prometheus metrics of an engine (prefix `dpgate_engine_`), in a registry of its own so several
-engines can live in one test process."""
+engines can live in one test process.
+
+`dpgate_engine_info` (always 1) carries the engine's identity as labels, so a dashboard can name
+an engine's series by its data parallel rank: `... * on (instance) group_left (data_parallel_rank)
+dpgate_engine_info` (deploy/grafana/dpgate.json does).
+"""
 
 from __future__ import annotations
 
@@ -17,6 +22,12 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 class EngineMetrics:
     def __init__(self) -> None:
         self.registry = registry = CollectorRegistry()
+        self.info = Gauge(
+            "dpgate_engine_info",
+            "Always 1; the labels say which engine this is.",
+            ["data_parallel_rank", "data_parallel_size", "model", "version"],
+            registry=registry,
+        )
         self.requests = Counter(
             "dpgate_engine_requests",
             "RPCs answered by this engine, by rpc and status code.",
@@ -44,6 +55,14 @@ class EngineMetrics:
         self.step_time = Histogram(
             "dpgate_engine_step_seconds", "Duration of one engine step.", buckets=LATENCY_BUCKETS, registry=registry
         )
+
+    def set_identity(self, data_parallel_rank: int, data_parallel_size: int, model: str, version: str) -> None:
+        self.info.labels(
+            data_parallel_rank=str(data_parallel_rank),
+            data_parallel_size=str(data_parallel_size),
+            model=model,
+            version=version,
+        ).set(1)
 
     def watch(self, engine: AsyncEngine) -> None:
         """Read load gauges from the engine and count each step's work (called on the engine thread)."""

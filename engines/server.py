@@ -78,6 +78,7 @@ async def serve(config: EngineConfig) -> int:
     grammars = GrammarCompiler(tokenizer.tokenizer, loaded.config.vocab_size, tokenizer.eos_token_ids)
     engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop(), grammars)
     metrics.watch(engine)
+    metrics.set_identity(config.data_parallel_rank, config.data_parallel_size, source.name, __version__)
     limits = ModelLimits(source.name, loaded.config.vocab_size, max_model_len, tokenizer.eos_token_ids)
 
     server_info = control_pb2.GetServerInfoResponse(
@@ -111,7 +112,7 @@ async def serve(config: EngineConfig) -> int:
         model_info.bos_token_id = tokenizer.bos_token_id
 
     generate_pb2_grpc.add_InferenceServiceServicer_to_server(
-        InferenceServicer(engine, limits, tokenizer.tokenizer, metrics), server
+        InferenceServicer(engine, limits, tokenizer.tokenizer, metrics, config.data_parallel_rank), server
     )
     control_pb2_grpc.add_ControlServiceServicer_to_server(
         ControlServicer(engine, server_info, model_info, metrics), server

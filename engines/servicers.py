@@ -5,6 +5,10 @@ to one status code in `STATUS_FOR_ERROR`, so no client ever sees a Python traceb
 come from our own error classes; a failure of the engine itself, or an exception nobody
 expected, gets a fixed message and is logged. Request bodies that are not valid messages never
 reach a handler: `dpgate.servicer_guard` refuses them with INVALID_ARGUMENT (server.py installs it).
+
+Each Generate call runs under its `x-request-id` (the gateway's, or a new one: dpgate/request_id.py):
+every line it logs carries the id, it ends with one line (logger `dpgate.engine.requests`) giving
+its code, token counts and duration, and the id goes back in trailing metadata.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from dpgate.logs import request_id_var
+from dpgate.request_id import REQUEST_ID_KEY, resolve_request_id
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
 from engines.async_engine import AsyncEngine, EngineFailedError
 from engines.metrics import EngineMetrics
@@ -30,6 +36,7 @@ from engines.scheduler import QueueFullError, RequestTooLargeError
 from engines.sequence import FinishReason, StepOutput
 
 logger = logging.getLogger(__name__)
+request_logger = logging.getLogger("dpgate.engine.requests")
 
 STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -70,6 +77,38 @@ def invalid_body_counter(metrics: EngineMetrics) -> Callable[[str], None]:
     return count
 
 
+def call_request_id(context: grpc.aio.ServicerContext) -> str:
+    """The call's x-request-id, or a new one (logged) when the one sent cannot be used."""
+    sent = [value for key, value in context.invocation_metadata() or () if key == REQUEST_ID_KEY]
+    request_id, problem = resolve_request_id(sent)
+    if problem is not None and sent:
+        logger.warning(
+            "the call's x-request-id %s; it is replaced by %s", problem, request_id, extra={"request_id": request_id}
+        )
+    return request_id
+
+
+def log_request(rpc: str, code: grpc.StatusCode, counts: list[int], arrived: float, data_parallel_rank: int) -> None:
+    duration_ms = round((time.perf_counter() - arrived) * 1000, 3)
+    num_prompt, num_generated = counts
+    request_logger.info(
+        "%s %s: %d prompt tokens, %d generated in %.1f ms",
+        rpc,
+        code.name,
+        num_prompt,
+        num_generated,
+        duration_ms,
+        extra={
+            "rpc": rpc,
+            "code": code.name,
+            "data_parallel_rank": data_parallel_rank,
+            "duration_ms": duration_ms,
+            "num_prompt_tokens": num_prompt,
+            "num_generated_tokens": num_generated,
+        },
+    )
+
+
 def finish_info(output: StepOutput) -> generate_pb2.FinishInfo:
     info = generate_pb2.FinishInfo(
         reason=_WIRE_FINISH[output.finish_reason],
@@ -95,11 +134,14 @@ def wire_logprobs(output: StepOutput) -> list[generate_pb2.TokenLogprob]:
 
 
 class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
-    def __init__(self, engine: AsyncEngine, limits: ModelLimits, tokenizer, metrics: EngineMetrics):
+    def __init__(
+        self, engine: AsyncEngine, limits: ModelLimits, tokenizer, metrics: EngineMetrics, data_parallel_rank: int = 0
+    ):
         self.engine = engine
         self.limits = limits
         self.tokenizer = tokenizer
         self.metrics = metrics
+        self.data_parallel_rank = data_parallel_rank
 
     async def Generate(self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         response = generate_pb2.GenerateResponse()
@@ -132,6 +174,10 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         code = grpc.StatusCode.OK
         arrived = time.perf_counter()
         first_token_at: float | None = None
+        counts = [0, 0]  # prompt tokens, generated tokens (for the request's log line)
+        request_id = call_request_id(context)
+        request_id_var.set(request_id)  # this call's task only: grpc.aio runs each call in its own task
+        context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
         try:
             seq = build_sequence(request, self.limits, self.tokenizer)
             if self.engine.is_active(seq.request_id):
@@ -143,6 +189,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
                 if output.finish_reason is not None and first_token_at is not None and output.num_generated_tokens > 1:
                     gaps = output.num_generated_tokens - 1
                     self.metrics.tpot.observe((time.perf_counter() - first_token_at) / gaps)
+                counts = [output.num_prompt_tokens, output.num_generated_tokens]
                 yield seq, output
         except Exception as error:
             code = status_for(error)
@@ -157,6 +204,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             raise
         finally:
             self.metrics.requests.labels(rpc=rpc, code=code.name).inc()
+            log_request(rpc, code, counts, arrived, self.data_parallel_rank)
 
 
 class ControlServicer(control_pb2_grpc.ControlServiceServicer):

@@ -13,7 +13,9 @@ Each attempt's outcome (the engine's status code, or a `CallEvent`) goes to
 `Forwarder.record_outcome`, which applies the breaker's one table (`health_state.BREAKER_BLAME`).
 What the engine sends back besides its status is relayed: custom initial and trailing metadata,
 and `grpc-status-details-bin` when the gateway relays the engine's code and message unchanged.
-The serving rank goes back in trailing metadata `x-data-parallel-rank`.
+The serving rank goes back in trailing metadata `x-data-parallel-rank`, and the call's
+`x-request-id` (sent to the engine with the request) in trailing metadata however the call ends;
+the engine's own echo of that id is not relayed, so the client sees it once.
 
 The gateway refuses, before any engine sees them, request bodies whose compression is wrong
 (a grpc-encoding gRPC does not know, a compressed message that does not inflate): an engine
@@ -52,6 +54,14 @@ from gateway.upstream import UpstreamConnection, UpstreamStream
 
 if TYPE_CHECKING:
     from gateway.forwarding import CallHeaders, Forwarder
+
+_REQUEST_ID_KEY = b"x-request-id"
+
+
+def request_id_field(request_id: str) -> bytes:
+    """The encoded `x-request-id` field, for the engine's request headers and the client's trailers."""
+    return encode_literal(_REQUEST_ID_KEY, request_id.encode())
+
 
 logger = logging.getLogger("dpgate.gateway.forwarding")
 
@@ -107,9 +117,12 @@ class ForwardedCall:
         "_num_sent",
         "_rank",
         "_request",
+        "_request_id",
+        "_request_id_field",
         "_response_headers",
         "_rpc",
         "_scanner",
+        "_served_rank",
         "_start",
         "_streaming",
         "_task",
@@ -127,6 +140,7 @@ class ForwardedCall:
         streaming: bool,
         rank: int | None,
         end_stream: bool,
+        request_id: str,
     ) -> None:
         self._forwarder = forwarder
         self._call = call
@@ -134,6 +148,9 @@ class ForwardedCall:
         self._rpc = rpc
         self._streaming = streaming
         self._rank = rank
+        self._served_rank: int | None = None  # the rank of the last engine tried, for the access line
+        self._request_id = request_id
+        self._request_id_field = request_id_field(request_id)
         self._start = time.perf_counter()
         self._body = b""
         self._request = b""  # the request message, uncompressed (for the Abort fan-out)
@@ -204,6 +221,7 @@ class ForwardedCall:
             self._finish(code, message)
             return
         self._engine = engine
+        self._served_rank = engine.rank
         engine.num_in_flight += 1
         connection = engine.link.ready_connection()
         if connection is not None:
@@ -232,7 +250,8 @@ class ForwardedCall:
         if self._deadline is not None:
             timeout = max(0.0, self._deadline - asyncio.get_running_loop().time())
         assert self._engine is not None
-        block = self._engine.link.request_headers(self._headers.path, timeout, self._headers.passed)
+        extra = self._headers.passed + self._request_id_field
+        block = self._engine.link.request_headers(self._headers.path, timeout, extra)
         self._upstream = connection.open_stream(self, block, self._body, end_stream=True)
 
     # --- upstream events ----------------------------------------------------------------------
@@ -375,7 +394,7 @@ class ForwardedCall:
             return
         if self._response_headers:
             self._call.start_response(self._response_headers)
-        self._call.finish(status_trailers(code, message, extra))
+        self._call.finish(status_trailers(code, message, extra + self._request_id_field))
         self._done(code)
 
     def _done(self, code: grpc.StatusCode) -> None:
@@ -391,6 +410,7 @@ class ForwardedCall:
         forwarder.metrics.in_flight.dec()
         forwarder.calls.discard(self)
         forwarder.record(self._rpc, code, self._start)
+        forwarder.log_call(self._rpc, code, self._served_rank, self._start, self._request_id)
 
     # --- Abort fans out -----------------------------------------------------------------------
 
@@ -405,11 +425,13 @@ class ForwardedCall:
             if not engines:
                 raise Unavailable("no engine can serve the request: every candidate is not healthy")
             request = self._request
+            metadata = ((_REQUEST_ID_KEY.decode(), self._request_id),)
             timeout = None
             if self._deadline is not None:
                 timeout = max(0.0, self._deadline - asyncio.get_running_loop().time())
             results = await asyncio.gather(
-                *(engine.abort(request, timeout=timeout) for engine in engines), return_exceptions=True
+                *(engine.abort(request, timeout=timeout, metadata=metadata) for engine in engines),
+                return_exceptions=True,
             )
             aborted: list[str] = []
             for engine, result in zip(engines, results, strict=True):

@@ -2,7 +2,9 @@
 
 Every client stream reaches `Forwarder.open_call`. The checks run in the order DESIGN.md gives
 them, before any engine is contacted: API key (health exempt), admission (draining, in-flight
-limit), then `x-data-parallel-rank`. A dpgate.v1 call that passes becomes a `ForwardedCall`
+limit), then `x-data-parallel-rank`. Every dpgate.v1 call gets its `x-request-id` first (the
+client's, or a new one: dpgate/request_id.py), so even a refused call echoes it and is logged
+with it (one access line a call, logger `dpgate.gateway.access`). A dpgate.v1 call that passes becomes a `ForwardedCall`
 (gateway/forwarded_call.py); anything else (health, reflection) becomes a `PassThroughCall`
 (gateway/pass_through.py), relayed untouched to the gateway's own local services. The
 `Forwarder` also holds what the calls share: choosing an engine, metrics, outcome bookkeeping.
@@ -11,18 +13,20 @@ limit), then `x-data-parallel-rank`. A dpgate.v1 call that passes becomes a `For
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 
 import grpc
 from prometheus_client import Counter, Histogram
 
+from dpgate.request_id import resolve_request_id
 from gateway.config import GatewayConfig
 from gateway.engine_client import CONTROL_SERVICE, INFERENCE_SERVICE, EngineClient
 from gateway.engine_pool import EnginePool
 from gateway.errors import InvalidArgument
-from gateway.forwarded_call import ForwardedCall
+from gateway.forwarded_call import ForwardedCall, request_id_field
 from gateway.front_door import ServerCall
-from gateway.grpc_wire import parse_timeout
+from gateway.grpc_wire import parse_timeout, status_trailers
 from gateway.health_state import Blame, CallEvent
 from gateway.http2.connection import Headers
 from gateway.http2.header_codec import encode_literal
@@ -48,18 +52,22 @@ DPGATE_METHODS: dict[bytes, tuple[str, bool]] = {
 _DPGATE_PREFIX = b"/dpgate.v1."
 _RANK_KEYS = (RANK_KEY.encode(), RANK_BIN_KEY.encode())
 _PASSED_HEADERS = (b"grpc-encoding", b"grpc-accept-encoding")
+_REQUEST_ID_KEY = b"x-request-id"
+logger = logging.getLogger("dpgate.gateway.forwarding")
+access_logger = logging.getLogger("dpgate.gateway.access")
 
 
 class CallHeaders:
     """What the front door reads from a call's request headers, in one pass."""
 
-    __slots__ = ("authorization", "encoding", "passed", "path", "rank_fields", "timeout")
+    __slots__ = ("authorization", "encoding", "passed", "path", "rank_fields", "request_ids", "timeout")
 
     def __init__(self, headers: Headers) -> None:
         self.path = b""
         self.timeout: float | None = None
         self.authorization: list[bytes] = []
         self.rank_fields: list[tuple[str, bytes]] = []
+        self.request_ids: list[bytes] = []
         self.encoding: bytes | None = None  # grpc-encoding of the request messages
         passed = b""
         for name, value in headers:
@@ -71,6 +79,8 @@ class CallHeaders:
                 self.authorization.append(value)
             elif name in _RANK_KEYS:
                 self.rank_fields.append((name.decode(), value))
+            elif name == _REQUEST_ID_KEY:
+                self.request_ids.append(value)
             elif name in _PASSED_HEADERS:
                 passed += encode_literal(name, value)
                 if name == b"grpc-encoding":
@@ -93,6 +103,8 @@ class Forwarder:
         self.num_in_flight = 0
         self.calls: set[ForwardedCall] = set()
         self._rejected_metadata = metrics.rejected_metadata.labels(key=RANK_KEY)
+        for rpc, _ in DPGATE_METHODS.values():  # at 0 from the start (see gateway/metrics.py)
+            metrics.retries.labels(rpc=rpc)
         self._routed: dict[int, Counter] = {}
         self._requests: dict[tuple[str, str], Counter] = {}
         self._durations: dict[str, Histogram] = {}
@@ -104,31 +116,47 @@ class Forwarder:
     def open_call(self, call: ServerCall, end_stream: bool) -> None:
         headers = CallHeaders(call.headers)
         path = headers.path
-        if self._accepted_keys and not path.startswith(HEALTH_PREFIX) and not self._is_authorized(headers):
-            self._refuse(call, path, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
-            return
-        method = DPGATE_METHODS.get(path)
-        if method is None:
-            if path.startswith(_DPGATE_PREFIX):
-                message = f"method {path.decode(errors='replace')} is not served by this gateway"
-                call.refuse(grpc.StatusCode.UNIMPLEMENTED, message)
+        if not path.startswith(_DPGATE_PREFIX):  # health, reflection: the gateway's own services
+            if self._accepted_keys and not path.startswith(HEALTH_PREFIX) and not self._is_authorized(headers):
+                call.refuse(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
             else:
                 PassThroughCall(self, call, headers, end_stream)
             return
+        request_id = self._request_id(headers)
+        if self._accepted_keys and not self._is_authorized(headers):
+            self._refuse(call, path, request_id, grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+            return
+        method = DPGATE_METHODS.get(path)
+        if method is None:
+            message = f"method {path.decode(errors='replace')} is not served by this gateway"
+            self._refuse(call, path, request_id, grpc.StatusCode.UNIMPLEMENTED, message)
+            return
         rpc, streaming = method
         if self.is_refusing:
-            self._refuse(call, path, grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
+            self._refuse(call, path, request_id, grpc.StatusCode.UNAVAILABLE, DRAINING_MESSAGE)
             return
         if self.config.max_in_flight is not None and self.num_in_flight >= self.config.max_in_flight:
-            self._refuse(call, path, grpc.StatusCode.RESOURCE_EXHAUSTED, self._full_message)
+            self._refuse(call, path, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, self._full_message)
             return
         try:
             rank = parse_data_parallel_rank(headers.rank_fields)
         except InvalidArgument as error:
             self._rejected_metadata.inc()
-            self._refuse(call, path, grpc.StatusCode.INVALID_ARGUMENT, error.message)
+            self._refuse(call, path, request_id, grpc.StatusCode.INVALID_ARGUMENT, error.message)
             return
-        ForwardedCall(self, call, headers, rpc, streaming, rank, end_stream)
+        ForwardedCall(self, call, headers, rpc, streaming, rank, end_stream, request_id)
+
+    @staticmethod
+    def _request_id(headers: CallHeaders) -> str:
+        request_id, problem = resolve_request_id(headers.request_ids)
+        if problem is not None and headers.request_ids:  # a missing id is normal; a broken one is worth a line
+            logger.warning(
+                "the call's x-request-id %s; it is replaced by %s",
+                problem,
+                request_id,
+                extra={"request_id": request_id},
+            )
+        return request_id
 
     def _is_authorized(self, headers: CallHeaders) -> bool:
         if len(headers.authorization) != 1:
@@ -138,11 +166,15 @@ class Forwarder:
         matches = [hmac.compare_digest(offered, accepted) for accepted in self._accepted_keys]
         return any(matches)
 
-    def _refuse(self, call: ServerCall, path: bytes, code: grpc.StatusCode, message: str) -> None:
-        call.refuse(code, message)
+    def _refuse(self, call: ServerCall, path: bytes, request_id: str, code: grpc.StatusCode, message: str) -> None:
+        """End a dpgate.v1 call at the front door (trailers-only, with its id), counted and logged like any call."""
+        call.finish(status_trailers(code, message, request_id_field(request_id)))
         method = DPGATE_METHODS.get(path)
+        rpc = method[0] if method is not None else path.decode(errors="replace")
+        start = time.perf_counter()
         if method is not None:
-            self.record(method[0], code, time.perf_counter())
+            self.record(rpc, code, start)
+        self.log_call(rpc, code, None, start, request_id)
 
     # --- shared by the calls ------------------------------------------------------------------
 
@@ -164,6 +196,17 @@ class Forwarder:
         if duration is None:
             duration = self._durations[rpc] = self.metrics.duration.labels(rpc=rpc)
         duration.observe(time.perf_counter() - start)
+
+    def log_call(self, rpc: str, code: grpc.StatusCode, rank: int | None, start: float, request_id: str) -> None:
+        """The call's access line: rpc, final code, serving rank, duration and its x-request-id."""
+        if not self.config.access_log:
+            return
+        duration_ms = round((time.perf_counter() - start) * 1000, 3)
+        served = "" if rank is None else f" by rank {rank}"
+        fields = {"request_id": request_id, "rpc": rpc, "code": code.name, "duration_ms": duration_ms}
+        if rank is not None:
+            fields["data_parallel_rank"] = rank
+        access_logger.info("%s %s%s in %.1f ms", rpc, code.name, served, duration_ms, extra=fields)
 
     def record_outcome(self, engine: EngineClient, outcome: str | CallEvent) -> None:
         """How one attempt on `engine` ended: a status code name, or a CallEvent (see health_state)."""

@@ -15,6 +15,7 @@ import signal
 import sys
 
 from dpgate.config_file import attribute
+from dpgate.logs import add_log_format_argument, configure_logging
 from gateway.config import (
     TLS_KEY_PASSWORD_ENV,
     ConfigError,
@@ -23,7 +24,6 @@ from gateway.config import (
     read_api_key_file,
     validate_config,
 )
-from gateway.logs import configure_logging
 from gateway.routing import POLICIES
 
 logger = logging.getLogger("dpgate.gateway")
@@ -70,7 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="failed calls in a row that open an engine's circuit")
     add("--breaker-open-seconds", type=float, default=d.breaker_open_s,
         help="seconds an open circuit waits before trying the engine again")
-    add("--log-json", action="store_true", help="log one JSON object a line")
+    add("--access-log", action=argparse.BooleanOptionalAction, default=True,
+        help="log one line per call with its x-request-id, code and duration (default); it costs ~15 us a call")
+    add_log_format_argument(parser, deprecated_json_flag=True)
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -142,7 +144,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         success_threshold=args.success_threshold,
         breaker_failure_threshold=args.breaker_failure_threshold,
         breaker_open_s=args.breaker_open_seconds,
-        log_json=args.log_json,
+        log_format=args.log_format,
+        access_log=args.access_log,
     )
     return validate_config(config)
 
@@ -171,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"dpgate gateway: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
-    configure_logging(config.log_json)
+    configure_logging(config.log_format)
     import uvloop
 
     try:

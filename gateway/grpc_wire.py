@@ -80,7 +80,8 @@ def reset_status(error_code: int | None) -> tuple[grpc.StatusCode, str]:
 
 # Response fields the relay never copies from an engine: pseudo-headers and `grpc-*` fields are
 # the protocol's (the gateway writes its own status; grpc-status-details-bin is handled apart),
-# connection-specific fields belong to one hop, and the serving rank is written by the gateway.
+# connection-specific fields belong to one hop, and the serving rank and the call's x-request-id
+# are written by the gateway (the engine echoes the id too: relaying it would send it twice).
 _NOT_RELAYED = frozenset(
     {
         b"content-type",
@@ -92,6 +93,7 @@ _NOT_RELAYED = frozenset(
         b"transfer-encoding",
         b"upgrade",
         b"x-data-parallel-rank",
+        b"x-request-id",
     }
 )
 

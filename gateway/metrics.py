@@ -1,7 +1,10 @@
 """The gateway's Prometheus metrics (`dpgate_gateway_*`), in a registry of their own.
 
 A registry per gateway (rather than the global default) lets tests run several gateways in one
-process and keeps the names this module declares the only ones the endpoint shows.
+process and keeps the names this module declares the only ones the endpoint shows. Labelled
+families whose label values are known in advance start at 0 for each (`retries` per rpc by the
+forwarder, `engines_refused` per reason here): a series that appears only at its first event
+makes `rate()` miss that event and leaves dashboards and alerts without data to show.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import contextlib
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from gateway.handshake import RefusalReason
 from gateway.health_state import CircuitState
 
 # Seconds; LLM calls run from milliseconds (rejections, cached prompts) to minutes.
@@ -79,6 +83,9 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+
+        for reason in RefusalReason:
+            self.engines_refused.labels(reason=reason.value)
 
     def set_engine_health(self, rank: int, address: str, is_healthy: bool) -> None:
         self.engine_healthy.labels(rank=str(rank), address=address).set(1 if is_healthy else 0)

@@ -22,9 +22,9 @@ import subprocess
 import sys
 
 from dpgate.config_file import attribute
+from dpgate.logs import add_log_format_argument, configure_logging
 from gateway.config import ConfigError, GatewayConfig, api_keys_from_environment, validate_config
 from gateway.gateway_command import add_limit_arguments, limits_from_args
-from gateway.logs import configure_logging
 
 logger = logging.getLogger("dpgate.serve")
 ENGINE_STOP_TIMEOUT_S = 15.0
@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host", default="127.0.0.1", help="address the gateway binds (default 127.0.0.1)")
     add("--port", type=int, default=50051, help="gateway port (default 50051)")
     add("--metrics-port", type=int, help="gateway Prometheus port (default: off)")
+    add(
+        "--engine-metrics-port",
+        type=int,
+        metavar="BASE",
+        help="engine rank R serves Prometheus metrics on port BASE + R (default: off)",
+    )
     add("--model", help="model for every engine (default: the engine's default, SmolLM2-135M-Instruct)")
     add("--dtype", help="engine compute dtype (default: the engine's)")
     add("--max-model-len", type=int, help="engine context length (default: the model's)")
@@ -60,7 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         help="accept `authorization: Bearer KEY` (repeatable; keys in $DPGATE_API_KEYS are accepted too)",
     )
-    add("--log-json", action="store_true", help="gateway logs one JSON object a line")
+    add(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="log one line per call with its x-request-id, code and duration (default); it costs ~15 us a call",
+    )
+    add_log_format_argument(parser, deprecated_json_flag=True)  # the gateway's and every engine's
     add_limit_arguments(parser)
 
 
@@ -76,6 +88,7 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
         sys.executable, "-m", "dpgate.cli", "engine",
         "--host", "127.0.0.1", "--port", str(port),
         "--data-parallel-rank", str(rank), "--data-parallel-size", str(args.data_parallel_size),
+        "--log-format", args.log_format,
     ]  # fmt: skip
     for flag, value in (("--model", args.model), ("--dtype", args.dtype), ("--max-model-len", args.max_model_len)):
         if value is not None:
@@ -89,6 +102,8 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
     ]  # fmt: skip
     if args.allow_oversubscribe:
         command.append("--allow-oversubscribe")
+    if args.engine_metrics_port is not None:
+        command += ["--metrics-port", str(args.engine_metrics_port + rank)]
     # Engines on one host share its cores: oversubscribed torch threads spin against each other.
     command += ["--num-threads", str(max(1, (os.cpu_count() or 1) // args.data_parallel_size))]
     return command
@@ -134,6 +149,19 @@ async def serve(config: GatewayConfig, processes: list[subprocess.Popen]) -> int
     return status
 
 
+def check_engine_metrics_ports(args: argparse.Namespace) -> None:
+    """The engines' metrics ports (BASE..BASE+N-1) must be real ports the gateway does not use; raises ConfigError."""
+    base = args.engine_metrics_port
+    if base is None:
+        return
+    last = base + args.data_parallel_size - 1
+    if base < 1 or last > 65535:
+        raise ConfigError(f"--engine-metrics-port {base}: ports {base}..{last} must lie within 1..65535.")
+    for flag, port in (("--port", args.port), ("--metrics-port", args.metrics_port)):
+        if port is not None and base <= port <= last:
+            raise ConfigError(f"--engine-metrics-port {base}: the engines' ports {base}..{last} include {flag} {port}.")
+
+
 def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
     """The validated config of the gateway in front of engines on `ports`; raises ConfigError."""
     return validate_config(
@@ -143,7 +171,8 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
             port=args.port,
             metrics_port=args.metrics_port,
             api_keys=tuple(args.api_key) + api_keys_from_environment(),
-            log_json=args.log_json,
+            log_format=args.log_format,
+            access_log=args.access_log,
             **limits_from_args(args),
             # Health says SERVING only once every engine started here passed the handshake.
             ready_data_parallel_size=args.data_parallel_size,
@@ -161,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     ports = [free_local_port() for _ in range(args.data_parallel_size)]
     try:
+        check_engine_metrics_ports(args)
         config = gateway_config(args, ports)
     except ConfigError as error:
         print(f"dpgate serve: error: {attribute(str(error), args)}", file=sys.stderr)
@@ -172,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"dpgate serve: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
-    configure_logging(config.log_json)
+    configure_logging(config.log_format)
     processes = [subprocess.Popen(engine_command(args, rank, port)) for rank, port in enumerate(ports)]
     import uvloop
 

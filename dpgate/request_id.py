@@ -1,0 +1,47 @@
+"""The `x-request-id` metadata: one id per call, kept from the client through gateway and engine.
+
+A client may name its call with `x-request-id`; the gateway forwards the id to the engine, both
+log it on the call's lines, and the gateway echoes it in trailing metadata. An id that is
+missing is made (a uuid4 hex); one that breaks the rule (1 to 128 printable ASCII characters,
+0x20-0x7E, as gRPC allows in ASCII metadata, and one value only) is replaced by a fresh one
+rather than failing the call: the id is for finding log lines, not worth refusing work over.
+It is unrelated to the `request_id` body field of Generate, which names a request for Abort.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+REQUEST_ID_KEY = "x-request-id"
+MAX_REQUEST_ID_LENGTH = 128
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def request_id_problem(values: Sequence[str | bytes]) -> str | None:
+    """Why the call's `x-request-id` values cannot be used as its id; None when exactly one valid one was sent."""
+    if not values:
+        return "was not sent"
+    if len(values) > 1:
+        return f"was sent {len(values)} times"
+    value = values[0]
+    if not value:
+        return "is empty"
+    if len(value) > MAX_REQUEST_ID_LENGTH:
+        return f"is {len(value)} characters long, more than {MAX_REQUEST_ID_LENGTH}"
+    codes = value if isinstance(value, bytes) else [ord(char) for char in value]
+    if any(code < 0x20 or code > 0x7E for code in codes):
+        return "has characters outside printable ASCII"
+    return None
+
+
+def resolve_request_id(values: Sequence[str | bytes]) -> tuple[str, str | None]:
+    """(the call's id, why the sent value was replaced or None): the sent id when usable, else a new one."""
+    problem = request_id_problem(values)
+    if problem is None:
+        value = values[0]
+        return (value.decode("ascii") if isinstance(value, bytes) else value), None
+    return new_request_id(), problem

@@ -1,0 +1,75 @@
+"""dpgate/logs.py: the JSON and plain line formats, the request id from the record or the context."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+
+import pytest
+
+from dpgate.logs import JsonFormatter, PlainFormatter, configure_logging, request_id_var
+
+
+def record(message: str = "hello %s", *args, **extra) -> logging.LogRecord:
+    made = logging.LogRecord("dpgate.test", logging.WARNING, __file__, 1, message, args or ("world",), None)
+    made.__dict__.update(extra)
+    return made
+
+
+def test_a_json_line_has_the_keys_and_the_call_fields():
+    line = json.loads(JsonFormatter().format(record(request_id="r-1", rpc="Generate", code="OK", duration_ms=1.5)))
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", line.pop("time"))
+    assert line == {
+        "level": "warning",
+        "logger": "dpgate.test",
+        "message": "hello world",
+        "request_id": "r-1",
+        "rpc": "Generate",
+        "code": "OK",
+        "duration_ms": 1.5,
+    }
+
+
+def test_the_request_id_comes_from_the_context_when_the_record_has_none():
+    assert "request_id" not in json.loads(JsonFormatter().format(record()))
+    token = request_id_var.set("from-context")
+    try:
+        assert json.loads(JsonFormatter().format(record()))["request_id"] == "from-context"
+        assert json.loads(JsonFormatter().format(record(request_id="own")))["request_id"] == "own"
+    finally:
+        request_id_var.reset(token)
+
+
+def test_an_exception_stays_inside_its_one_json_line():
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        made = record(exc_info=sys.exc_info())
+    text = JsonFormatter().format(made)
+    assert "\n" not in text and "ValueError: boom" in json.loads(text)["exception"]
+
+
+def test_a_plain_line_names_the_request_id_on_the_message_line():
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        made = record(request_id="r-2", exc_info=sys.exc_info())
+    first, *rest = PlainFormatter().format(made).splitlines()
+    assert first.endswith("WARNING dpgate.test: hello world request_id=r-2")
+    assert rest[0].startswith("Traceback") and "r-2" not in "".join(rest)
+
+
+def test_configure_logging_sets_the_root_handler_and_refuses_unknown_formats():
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_logging("json")
+        assert [type(h.formatter) for h in root.handlers] == [JsonFormatter]
+        with pytest.raises(ValueError, match="log format 'xml' is not one of"):
+            configure_logging("xml")
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+        logging.captureWarnings(False)

@@ -1,0 +1,36 @@
+"""The x-request-id rule: the sent id when usable, else a fresh uuid4 hex and the reason."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from dpgate.request_id import MAX_REQUEST_ID_LENGTH, request_id_problem, resolve_request_id
+
+
+@pytest.mark.parametrize("value", ["a", "req-1/2 x", "~" * MAX_REQUEST_ID_LENGTH, b"bytes-ok"])
+def test_a_usable_id_is_kept(value):
+    kept = value.decode() if isinstance(value, bytes) else value
+    assert resolve_request_id([value]) == (kept, None)
+
+
+@pytest.mark.parametrize(
+    ("values", "problem"),
+    [
+        ([], "was not sent"),
+        (["a", "b"], "was sent 2 times"),
+        ([""], "is empty"),
+        (["x" * 129], "is 129 characters long, more than 128"),
+        (["caf\u00e9"], "has characters outside printable ASCII"),
+        (["tab\there"], "has characters outside printable ASCII"),
+        ([b"\x7f"], "has characters outside printable ASCII"),
+        (["\u0100"], "has characters outside printable ASCII"),
+    ],
+)
+def test_an_unusable_id_is_replaced_by_a_fresh_one(values, problem):
+    assert request_id_problem(values) == problem
+    first, reason = resolve_request_id(values)
+    second, _ = resolve_request_id(values)
+    assert reason == problem
+    assert re.fullmatch("[0-9a-f]{32}", first) and first != second
