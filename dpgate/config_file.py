@@ -6,7 +6,7 @@ accepted too). The file's values are turned into the argv tokens the flags would
 exactly the type and choice checks, and later the same `GatewayConfig`/`EngineConfig`
 validation, as the flag. Flags on the command line override the file, a repeatable flag
 (`--engine`, `--api-key`) as a whole. Values: a string, integer or float for a flag that takes a
-value, a list of them for a repeatable flag, `true`/`false` for a switch (`log-json = true`;
+value, a list of them for a repeatable flag, `true`/`false` for a switch (`access-log = false`;
 `batch-invariant = false` is `--no-batch-invariant`).
 
 Errors are one sentence naming the file and the key: an unknown key, a table where a value

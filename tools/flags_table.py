@@ -28,8 +28,8 @@ def flag_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str, str, str]
     """(flags, value, default, help) for each option of `parser`, in the order it lists them."""
     rows = []
     for action in parser._actions:
-        if action.dest == "help" or not action.option_strings:
-            continue
+        if action.dest == "help" or not action.option_strings or action.help == argparse.SUPPRESS:
+            continue  # hidden flags (deprecated spellings) are not documented
         rows.append(
             (", ".join(f"`{o}`" for o in action.option_strings), _value(action), _default(action), _help(action))
         )

@@ -38,11 +38,11 @@ def test_the_file_sets_values_with_either_spelling_of_a_key(tmp_path: Path) -> N
     path = write(
         tmp_path,
         'engine = ["127.0.0.1:50061", "127.0.0.1:50062"]\nport = 0\nmax_in_flight = 7\n'
-        'log-json = true\npolicy = "round-robin"\nkeepalive-time = 12.5\n',
+        'log_format = "json"\npolicy = "round-robin"\nkeepalive-time = 12.5\n',
     )
     args = parse("gateway", "--config", path)
     assert args.engine == ["127.0.0.1:50061", "127.0.0.1:50062"]
-    assert (args.port, args.max_in_flight, args.log_json, args.policy) == (0, 7, True, "round-robin")
+    assert (args.port, args.max_in_flight, args.log_format, args.policy) == (0, 7, "json", "round-robin")
     assert args.keepalive_time == 12.5
     assert args.health_interval == parse("gateway").health_interval  # keys not in the file keep their default
 
