@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64pgate/v1/generate.proto\x12\tdpgate.v1\"\xba\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x13.dpgate.v1.TokenIdsH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.dpgate.v1.SamplingParams\x12-\n\x08stopping\x18\x06 \x01(\x0b\x32\x1b.dpgate.v1.StoppingCriteria\x12\x36\n\x11structured_output\x18\x07 \x01(\x0b\x32\x1b.dpgate.v1.StructuredOutput\x12,\n\x08logprobs\x18\x08 \x01(\x0b\x32\x1a.dpgate.v1.LogprobsOptionsB\x08\n\x06prompt\"\xc0\x02\n\x15GenerateStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x13.dpgate.v1.TokenIdsH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.dpgate.v1.SamplingParams\x12-\n\x08stopping\x18\x06 \x01(\x0b\x32\x1b.dpgate.v1.StoppingCriteria\x12\x36\n\x11structured_output\x18\x07 \x01(\x0b\x32\x1b.dpgate.v1.StructuredOutput\x12,\n\x08logprobs\x18\x08 \x01(\x0b\x32\x1a.dpgate.v1.LogprobsOptionsB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xef\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12<\n\nlogit_bias\x18\t \x03(\x0b\x32(.dpgate.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\x88\x01\n\x10StoppingCriteria\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x02 \x01(\x05\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\r\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x42\r\n\x0b_max_tokens\"\xa9\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12,\n\x0bjson_object\x18\x02 \x01(\x0b\x32\x15.dpgate.v1.JsonObjectH\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x0e\n\x04\x65\x62nf\x18\x04 \x01(\tH\x00\x12\'\n\x06\x63hoice\x18\x05 \x01(\x0b\x32\x15.dpgate.v1.ChoiceListH\x00\x42\x06\n\x04kind\"\x0c\n\nJsonObject\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\" \n\x0fLogprobsOptions\x12\r\n\x05top_n\x18\x01 \x01(\r\"\x99\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12%\n\x06\x66inish\x18\x04 \x01(\x0b\x32\x15.dpgate.v1.FinishInfo\x12)\n\x08logprobs\x18\x05 \x03(\x0b\x32\x17.dpgate.v1.TokenLogprob\"\x9b\x01\n\x16GenerateStreamResponse\x12,\n\x0bprompt_info\x18\x01 \x01(\x0b\x32\x15.dpgate.v1.PromptInfoH\x00\x12!\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x10.dpgate.v1.DeltaH\x00\x12\'\n\x06\x66inish\x18\x03 \x01(\x0b\x32\x15.dpgate.v1.FinishInfoH\x00\x42\x07\n\x05\x65vent\":\n\nPromptInfo\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\"S\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.dpgate.v1.TokenLogprob\"\xae\x01\n\nFinishInfo\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.dpgate.v1.FinishReason\x12\x17\n\rstop_token_id\x18\x02 \x01(\rH\x00\x12\x15\n\x0bstop_string\x18\x03 \x01(\tH\x00\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12\x1c\n\x14num_generated_tokens\x18\x05 \x01(\rB\x0e\n\x0cmatched_stop\"^\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12+\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32\x15.dpgate.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02*z\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x03\x32\xb0\x01\n\x10InferenceService\x12\x43\n\x08Generate\x12\x1a.dpgate.v1.GenerateRequest\x1a\x1b.dpgate.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12 .dpgate.v1.GenerateStreamRequest\x1a!.dpgate.v1.GenerateStreamResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x64pgate/v1/generate.proto\x12\tdpgate.v1\x1a\x1cgoogle/protobuf/struct.proto\"\xba\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x13.dpgate.v1.TokenIdsH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.dpgate.v1.SamplingParams\x12-\n\x08stopping\x18\x06 \x01(\x0b\x32\x1b.dpgate.v1.StoppingCriteria\x12\x36\n\x11structured_output\x18\x07 \x01(\x0b\x32\x1b.dpgate.v1.StructuredOutput\x12,\n\x08logprobs\x18\x08 \x01(\x0b\x32\x1a.dpgate.v1.LogprobsOptionsB\x08\n\x06prompt\"\xc0\x02\n\x15GenerateStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12(\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x13.dpgate.v1.TokenIdsH\x00\x12+\n\x08sampling\x18\x05 \x01(\x0b\x32\x19.dpgate.v1.SamplingParams\x12-\n\x08stopping\x18\x06 \x01(\x0b\x32\x1b.dpgate.v1.StoppingCriteria\x12\x36\n\x11structured_output\x18\x07 \x01(\x0b\x32\x1b.dpgate.v1.StructuredOutput\x12,\n\x08logprobs\x18\x08 \x01(\x0b\x32\x1a.dpgate.v1.LogprobsOptionsB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xef\x02\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x02 \x01(\x05\x12\x12\n\x05top_p\x18\x03 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x02\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\x06 \x01(\x02H\x03\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x07 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x08 \x01(\x02\x12<\n\nlogit_bias\x18\t \x03(\x0b\x32(.dpgate.v1.SamplingParams.LogitBiasEntry\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\x88\x01\n\x10StoppingCriteria\x12\x17\n\nmax_tokens\x18\x01 \x01(\x05H\x00\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x02 \x01(\x05\x12\x0c\n\x04stop\x18\x03 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x04 \x03(\r\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x42\r\n\x0b_max_tokens\"\xa9\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12,\n\x0bjson_object\x18\x02 \x01(\x0b\x32\x15.dpgate.v1.JsonObjectH\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x0e\n\x04\x65\x62nf\x18\x04 \x01(\tH\x00\x12\'\n\x06\x63hoice\x18\x05 \x01(\x0b\x32\x15.dpgate.v1.ChoiceListH\x00\x42\x06\n\x04kind\"\x0c\n\nJsonObject\"\x1d\n\nChoiceList\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\" \n\x0fLogprobsOptions\x12\r\n\x05top_n\x18\x01 \x01(\r\"\x99\x01\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12%\n\x06\x66inish\x18\x04 \x01(\x0b\x32\x15.dpgate.v1.FinishInfo\x12)\n\x08logprobs\x18\x05 \x03(\x0b\x32\x17.dpgate.v1.TokenLogprob\"\x9b\x01\n\x16GenerateStreamResponse\x12,\n\x0bprompt_info\x18\x01 \x01(\x0b\x32\x15.dpgate.v1.PromptInfoH\x00\x12!\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x10.dpgate.v1.DeltaH\x00\x12\'\n\x06\x66inish\x18\x03 \x01(\x0b\x32\x15.dpgate.v1.FinishInfoH\x00\x42\x07\n\x05\x65vent\":\n\nPromptInfo\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\"S\n\x05\x44\x65lta\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\r\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.dpgate.v1.TokenLogprob\"\xae\x01\n\nFinishInfo\x12\'\n\x06reason\x18\x01 \x01(\x0e\x32\x17.dpgate.v1.FinishReason\x12\x17\n\rstop_token_id\x18\x02 \x01(\rH\x00\x12\x15\n\x0bstop_string\x18\x03 \x01(\tH\x00\x12\x19\n\x11num_prompt_tokens\x18\x04 \x01(\r\x12\x1c\n\x14num_generated_tokens\x18\x05 \x01(\rB\x0e\n\x0cmatched_stop\"^\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12+\n\x0ctop_logprobs\x18\x03 \x03(\x0b\x32\x15.dpgate.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"\x9f\x03\n\x0b\x43hatRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x08messages\x18\x03 \x03(\x0b\x32\x16.dpgate.v1.ChatMessage\x12\x1e\n\x05tools\x18\x04 \x03(\x0b\x32\x0f.dpgate.v1.Tool\x12*\n\x0btool_choice\x18\x05 \x01(\x0b\x32\x15.dpgate.v1.ToolChoice\x12\x35\n\x14\x63hat_template_kwargs\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12+\n\x08sampling\x18\x07 \x01(\x0b\x32\x19.dpgate.v1.SamplingParams\x12-\n\x08stopping\x18\x08 \x01(\x0b\x32\x1b.dpgate.v1.StoppingCriteria\x12\x36\n\x11structured_output\x18\t \x01(\x0b\x32\x1b.dpgate.v1.StructuredOutput\x12,\n\x08logprobs\x18\n \x01(\x0b\x32\x1a.dpgate.v1.LogprobsOptions\"\xa5\x03\n\x11\x43hatStreamRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12(\n\x08messages\x18\x03 \x03(\x0b\x32\x16.dpgate.v1.ChatMessage\x12\x1e\n\x05tools\x18\x04 \x03(\x0b\x32\x0f.dpgate.v1.Tool\x12*\n\x0btool_choice\x18\x05 \x01(\x0b\x32\x15.dpgate.v1.ToolChoice\x12\x35\n\x14\x63hat_template_kwargs\x18\x06 \x01(\x0b\x32\x17.google.protobuf.Struct\x12+\n\x08sampling\x18\x07 \x01(\x0b\x32\x19.dpgate.v1.SamplingParams\x12-\n\x08stopping\x18\x08 \x01(\x0b\x32\x1b.dpgate.v1.StoppingCriteria\x12\x36\n\x11structured_output\x18\t \x01(\x0b\x32\x1b.dpgate.v1.StructuredOutput\x12,\n\x08logprobs\x18\n \x01(\x0b\x32\x1a.dpgate.v1.LogprobsOptions\"\xa9\x01\n\x0b\x43hatMessage\x12!\n\x04role\x18\x01 \x01(\x0e\x32\x13.dpgate.v1.ChatRole\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x19\n\x11reasoning_content\x18\x03 \x01(\t\x12\'\n\ntool_calls\x18\x04 \x03(\x0b\x32\x13.dpgate.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x05 \x01(\t\x12\x0c\n\x04name\x18\x06 \x01(\t\"=\n\x04Tool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x12\n\nparameters\x18\x03 \x01(\t\"V\n\nToolChoice\x12)\n\x04mode\x18\x01 \x01(\x0e\x32\x19.dpgate.v1.ToolChoiceModeH\x00\x12\x13\n\ttool_name\x18\x02 \x01(\tH\x00\x42\x08\n\x06\x63hoice\"7\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x11\n\targuments\x18\x03 \x01(\t\"\xdc\x01\n\x0c\x43hatResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x19\n\x11reasoning_content\x18\x03 \x01(\t\x12\'\n\ntool_calls\x18\x04 \x03(\x0b\x32\x13.dpgate.v1.ToolCall\x12\x11\n\ttoken_ids\x18\x05 \x03(\r\x12%\n\x06\x66inish\x18\x06 \x01(\x0b\x32\x15.dpgate.v1.FinishInfo\x12)\n\x08logprobs\x18\x07 \x03(\x0b\x32\x17.dpgate.v1.TokenLogprob\"\x9b\x01\n\x12\x43hatStreamResponse\x12,\n\x0bprompt_info\x18\x01 \x01(\x0b\x32\x15.dpgate.v1.PromptInfoH\x00\x12%\n\x05\x64\x65lta\x18\x02 \x01(\x0b\x32\x14.dpgate.v1.ChatDeltaH\x00\x12\'\n\x06\x66inish\x18\x03 \x01(\x0b\x32\x15.dpgate.v1.FinishInfoH\x00\x42\x07\n\x05\x65vent\"\xab\x01\n\tChatDelta\x12\x11\n\x07\x63ontent\x18\x01 \x01(\tH\x00\x12\x1b\n\x11reasoning_content\x18\x02 \x01(\tH\x00\x12(\n\ttool_call\x18\x03 \x01(\x0b\x32\x13.dpgate.v1.ToolCallH\x00\x12\x11\n\ttoken_ids\x18\x04 \x03(\r\x12)\n\x08logprobs\x18\x05 \x03(\x0b\x32\x17.dpgate.v1.TokenLogprobB\x06\n\x04kind*z\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x01\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x02\x12\x19\n\x15\x46INISH_REASON_ABORTED\x10\x03*|\n\x08\x43hatRole\x12\x19\n\x15\x43HAT_ROLE_UNSPECIFIED\x10\x00\x12\x14\n\x10\x43HAT_ROLE_SYSTEM\x10\x01\x12\x12\n\x0e\x43HAT_ROLE_USER\x10\x02\x12\x17\n\x13\x43HAT_ROLE_ASSISTANT\x10\x03\x12\x12\n\x0e\x43HAT_ROLE_TOOL\x10\x04*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03\x32\xb6\x02\n\x10InferenceService\x12\x43\n\x08Generate\x12\x1a.dpgate.v1.GenerateRequest\x1a\x1b.dpgate.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12 .dpgate.v1.GenerateStreamRequest\x1a!.dpgate.v1.GenerateStreamResponse0\x01\x12\x37\n\x04\x43hat\x12\x16.dpgate.v1.ChatRequest\x1a\x17.dpgate.v1.ChatResponse\x12K\n\nChatStream\x12\x1c.dpgate.v1.ChatStreamRequest\x1a\x1d.dpgate.v1.ChatStreamResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,42 +34,64 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=2245
-  _globals['_FINISHREASON']._serialized_end=2367
-  _globals['_GENERATEREQUEST']._serialized_start=40
-  _globals['_GENERATEREQUEST']._serialized_end=354
-  _globals['_GENERATESTREAMREQUEST']._serialized_start=357
-  _globals['_GENERATESTREAMREQUEST']._serialized_end=677
-  _globals['_TOKENIDS']._serialized_start=679
-  _globals['_TOKENIDS']._serialized_end=702
-  _globals['_SAMPLINGPARAMS']._serialized_start=705
-  _globals['_SAMPLINGPARAMS']._serialized_end=1072
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=966
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1014
-  _globals['_STOPPINGCRITERIA']._serialized_start=1075
-  _globals['_STOPPINGCRITERIA']._serialized_end=1211
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=1214
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=1383
-  _globals['_JSONOBJECT']._serialized_start=1385
-  _globals['_JSONOBJECT']._serialized_end=1397
-  _globals['_CHOICELIST']._serialized_start=1399
-  _globals['_CHOICELIST']._serialized_end=1428
-  _globals['_LOGPROBSOPTIONS']._serialized_start=1430
-  _globals['_LOGPROBSOPTIONS']._serialized_end=1462
-  _globals['_GENERATERESPONSE']._serialized_start=1465
-  _globals['_GENERATERESPONSE']._serialized_end=1618
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1621
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1776
-  _globals['_PROMPTINFO']._serialized_start=1778
-  _globals['_PROMPTINFO']._serialized_end=1836
-  _globals['_DELTA']._serialized_start=1838
-  _globals['_DELTA']._serialized_end=1921
-  _globals['_FINISHINFO']._serialized_start=1924
-  _globals['_FINISHINFO']._serialized_end=2098
-  _globals['_TOKENLOGPROB']._serialized_start=2100
-  _globals['_TOKENLOGPROB']._serialized_end=2194
-  _globals['_TOPLOGPROB']._serialized_start=2196
-  _globals['_TOPLOGPROB']._serialized_end=2243
-  _globals['_INFERENCESERVICE']._serialized_start=2370
-  _globals['_INFERENCESERVICE']._serialized_end=2546
+  _globals['_FINISHREASON']._serialized_start=4052
+  _globals['_FINISHREASON']._serialized_end=4174
+  _globals['_CHATROLE']._serialized_start=4176
+  _globals['_CHATROLE']._serialized_end=4300
+  _globals['_TOOLCHOICEMODE']._serialized_start=4303
+  _globals['_TOOLCHOICEMODE']._serialized_end=4438
+  _globals['_GENERATEREQUEST']._serialized_start=70
+  _globals['_GENERATEREQUEST']._serialized_end=384
+  _globals['_GENERATESTREAMREQUEST']._serialized_start=387
+  _globals['_GENERATESTREAMREQUEST']._serialized_end=707
+  _globals['_TOKENIDS']._serialized_start=709
+  _globals['_TOKENIDS']._serialized_end=732
+  _globals['_SAMPLINGPARAMS']._serialized_start=735
+  _globals['_SAMPLINGPARAMS']._serialized_end=1102
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=996
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1044
+  _globals['_STOPPINGCRITERIA']._serialized_start=1105
+  _globals['_STOPPINGCRITERIA']._serialized_end=1241
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1244
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1413
+  _globals['_JSONOBJECT']._serialized_start=1415
+  _globals['_JSONOBJECT']._serialized_end=1427
+  _globals['_CHOICELIST']._serialized_start=1429
+  _globals['_CHOICELIST']._serialized_end=1458
+  _globals['_LOGPROBSOPTIONS']._serialized_start=1460
+  _globals['_LOGPROBSOPTIONS']._serialized_end=1492
+  _globals['_GENERATERESPONSE']._serialized_start=1495
+  _globals['_GENERATERESPONSE']._serialized_end=1648
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1651
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1806
+  _globals['_PROMPTINFO']._serialized_start=1808
+  _globals['_PROMPTINFO']._serialized_end=1866
+  _globals['_DELTA']._serialized_start=1868
+  _globals['_DELTA']._serialized_end=1951
+  _globals['_FINISHINFO']._serialized_start=1954
+  _globals['_FINISHINFO']._serialized_end=2128
+  _globals['_TOKENLOGPROB']._serialized_start=2130
+  _globals['_TOKENLOGPROB']._serialized_end=2224
+  _globals['_TOPLOGPROB']._serialized_start=2226
+  _globals['_TOPLOGPROB']._serialized_end=2273
+  _globals['_CHATREQUEST']._serialized_start=2276
+  _globals['_CHATREQUEST']._serialized_end=2691
+  _globals['_CHATSTREAMREQUEST']._serialized_start=2694
+  _globals['_CHATSTREAMREQUEST']._serialized_end=3115
+  _globals['_CHATMESSAGE']._serialized_start=3118
+  _globals['_CHATMESSAGE']._serialized_end=3287
+  _globals['_TOOL']._serialized_start=3289
+  _globals['_TOOL']._serialized_end=3350
+  _globals['_TOOLCHOICE']._serialized_start=3352
+  _globals['_TOOLCHOICE']._serialized_end=3438
+  _globals['_TOOLCALL']._serialized_start=3440
+  _globals['_TOOLCALL']._serialized_end=3495
+  _globals['_CHATRESPONSE']._serialized_start=3498
+  _globals['_CHATRESPONSE']._serialized_end=3718
+  _globals['_CHATSTREAMRESPONSE']._serialized_start=3721
+  _globals['_CHATSTREAMRESPONSE']._serialized_end=3876
+  _globals['_CHATDELTA']._serialized_start=3879
+  _globals['_CHATDELTA']._serialized_end=4050
+  _globals['_INFERENCESERVICE']._serialized_start=4441
+  _globals['_INFERENCESERVICE']._serialized_end=4751
 # @@protoc_insertion_point(module_scope)

@@ -47,6 +47,16 @@ class InferenceServiceStub:
                 request_serializer=dpgate_dot_v1_dot_generate__pb2.GenerateStreamRequest.SerializeToString,
                 response_deserializer=dpgate_dot_v1_dot_generate__pb2.GenerateStreamResponse.FromString,
                 _registered_method=True)
+        self.Chat = channel.unary_unary(
+                '/dpgate.v1.InferenceService/Chat',
+                request_serializer=dpgate_dot_v1_dot_generate__pb2.ChatRequest.SerializeToString,
+                response_deserializer=dpgate_dot_v1_dot_generate__pb2.ChatResponse.FromString,
+                _registered_method=True)
+        self.ChatStream = channel.unary_stream(
+                '/dpgate.v1.InferenceService/ChatStream',
+                request_serializer=dpgate_dot_v1_dot_generate__pb2.ChatStreamRequest.SerializeToString,
+                response_deserializer=dpgate_dot_v1_dot_generate__pb2.ChatStreamResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServiceServicer:
@@ -70,6 +80,21 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Chat(self, request, context):
+        """Chat renders a conversation with the model's chat template, generates the assistant's turn
+        and returns it parsed into content, reasoning and tool calls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChatStream(self, request, context):
+        """ChatStream is Chat streamed: prompt information, then deltas of one kind each, then the finish.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -82,6 +107,16 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.GenerateStream,
                     request_deserializer=dpgate_dot_v1_dot_generate__pb2.GenerateStreamRequest.FromString,
                     response_serializer=dpgate_dot_v1_dot_generate__pb2.GenerateStreamResponse.SerializeToString,
+            ),
+            'Chat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Chat,
+                    request_deserializer=dpgate_dot_v1_dot_generate__pb2.ChatRequest.FromString,
+                    response_serializer=dpgate_dot_v1_dot_generate__pb2.ChatResponse.SerializeToString,
+            ),
+            'ChatStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ChatStream,
+                    request_deserializer=dpgate_dot_v1_dot_generate__pb2.ChatStreamRequest.FromString,
+                    response_serializer=dpgate_dot_v1_dot_generate__pb2.ChatStreamResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -141,6 +176,60 @@ class InferenceService:
             '/dpgate.v1.InferenceService/GenerateStream',
             dpgate_dot_v1_dot_generate__pb2.GenerateStreamRequest.SerializeToString,
             dpgate_dot_v1_dot_generate__pb2.GenerateStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Chat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpgate.v1.InferenceService/Chat',
+            dpgate_dot_v1_dot_generate__pb2.ChatRequest.SerializeToString,
+            dpgate_dot_v1_dot_generate__pb2.ChatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChatStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dpgate.v1.InferenceService/ChatStream',
+            dpgate_dot_v1_dot_generate__pb2.ChatStreamRequest.SerializeToString,
+            dpgate_dot_v1_dot_generate__pb2.ChatStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,
