@@ -81,6 +81,8 @@ def test_the_schema_defines_both_services_with_their_rpcs():
 
     inference = generate_pb2.DESCRIPTOR.services_by_name["InferenceService"]
     control = control_pb2.DESCRIPTOR.services_by_name["ControlService"]
-    assert [m.name for m in inference.methods] == ["Generate", "GenerateStream"]
+    assert [m.name for m in inference.methods] == ["Generate", "GenerateStream", "Chat", "ChatStream"]
     assert inference.methods_by_name["GenerateStream"].server_streaming
+    assert inference.methods_by_name["ChatStream"].server_streaming
+    assert not inference.methods_by_name["Chat"].server_streaming
     assert [m.name for m in control.methods] == ["GetServerInfo", "GetModelInfo", "GetLoad", "Abort"]
