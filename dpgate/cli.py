@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "engine": ("engines.engine_command", "run one engine: a model behind the dpgate.v1 services"),
     "gateway": ("gateway.gateway_command", "run the front door in front of engines (--engine HOST:PORT)"),
     "generate": ("gateway.generate_command", "stream a completion from a running server"),
+    "chat": ("gateway.chat_command", "a conversation with a running server on the terminal (history, tools, Ctrl-C)"),
     "health": ("gateway.health_command", "check a running server's grpc.health.v1 status (exit 0 when SERVING)"),
 }
 # The long-running commands also read their flags from a TOML file (dpgate/config_file.py).

@@ -2,11 +2,13 @@
 
 `DpgateClient` (grpc's blocking channel) and `AsyncDpgateClient` (grpc.aio) take the same arguments
 and offer the same calls: `generate` (one answer), `stream` (text deltas as they are generated, then
-the finish reason and token counts) and `server_info`. Each client can pin a data-parallel rank
-(metadata `x-data-parallel-rank`; a call can pin its own), send an API key the way the gateway
-checks it (`authorization: Bearer KEY`), set a default deadline, and speak TLS or mutual TLS
-(`TlsOptions`). A failed call raises `DpgateError` carrying the gRPC code and the server's message;
-bad arguments raise ValueError naming the argument before anything is sent.
+the finish reason and token counts), `chat` and `chat_stream` (the next assistant turn of a
+conversation: content, reasoning and tool calls, whole or as they are parsed) and `server_info`.
+Each client can pin a data-parallel rank (metadata `x-data-parallel-rank`; a call can pin its own),
+send an API key the way the gateway checks it (`authorization: Bearer KEY`), set a default
+deadline, and speak TLS or mutual TLS (`TlsOptions`). A failed call raises `DpgateError` carrying
+the gRPC code and the server's message; bad arguments raise ValueError naming the argument before
+anything is sent.
 
 Blocking::
 
@@ -25,19 +27,30 @@ asyncio::
             print(delta.text, end="")
         answer = await client.generate("Hello")   # answer.text, answer.finish, answer.rank
 
+Chat (messages as ChatMessage or dicts; tools as ChatTool or dicts with a JSON-schema dict)::
+
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    tools = [ChatTool("get_weather", "Current weather", {"type": "object", "properties": {"city": {"type": "string"}}})]
+    with client.chat_stream(messages, tools=tools, chat_template_kwargs={"thinking": False}) as stream:
+        for item in stream:   # ContentDelta, ReasoningDelta or ToolCallItem
+            ...
+    answer = client.chat(messages, tools=tools, tool_choice="required")   # .content, .tool_calls, .finish
+
 Anything more exotic can be sent by building the request messages directly and calling the stubs
 `inference` / `control` with `metadata=client.metadata`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
 from grpc import aio
 
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2_grpc
+from gateway.chat_messages import ChatInput, ChatMessage, ChatTool, MessageInput, ToolCall, ToolInput
+from gateway.chat_results import ChatCompletion, ChatItem, ContentDelta, ReasoningDelta, ToolCallItem, chat_completion
 from gateway.client_options import (
     DEFAULT_OPTIONS,
     RANK_METADATA_KEY,
@@ -50,21 +63,31 @@ from gateway.client_options import (
     serving_rank,
 )
 from gateway.client_results import Completion, DpgateError, Finish, FinishReason, TextDelta, Usage, completion
-from gateway.client_streams import AsyncTokenStream, TokenStream
+from gateway.client_streams import AsyncChatStream, AsyncTokenStream, ChatStream, TokenStream
 
 __all__ = [
     "RANK_METADATA_KEY",
+    "AsyncChatStream",
     "AsyncDpgateClient",
     "AsyncTokenStream",
+    "ChatCompletion",
+    "ChatItem",
+    "ChatMessage",
+    "ChatStream",
+    "ChatTool",
     "Completion",
+    "ContentDelta",
     "DpgateClient",
     "DpgateError",
     "Finish",
     "FinishReason",
     "GenerationOptions",
+    "ReasoningDelta",
     "TextDelta",
     "TlsOptions",
     "TokenStream",
+    "ToolCall",
+    "ToolCallItem",
     "Usage",
 ]
 
@@ -182,6 +205,44 @@ class DpgateClient:
         request = options.stream_request(prompt)
         return TokenStream(self.inference.GenerateStream(request, **self._settings.call(rank, timeout)))
 
+    def chat(
+        self,
+        messages: Sequence[MessageInput],
+        options: GenerationOptions = DEFAULT_OPTIONS,
+        timeout: float | None = None,
+        *,
+        tools: Sequence[ToolInput] = (),
+        tool_choice: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> ChatCompletion:
+        """The next assistant turn of `messages` in one answer: content, reasoning and tool calls.
+
+        `tool_choice` is "none", "auto", "required" or a tool's name (None: the server's default);
+        a None value in `chat_template_kwargs` is sent as JSON null, which opts out where it matters.
+        """
+        request = ChatInput.build(messages, tools, tool_choice, chat_template_kwargs).chat_request(options)
+        try:
+            response, call = self.inference.Chat.with_call(request, **self._settings.call(rank, timeout))
+        except grpc.RpcError as error:
+            raise DpgateError.from_rpc_error(error) from None
+        return chat_completion(response, serving_rank(call.trailing_metadata()))
+
+    def chat_stream(
+        self,
+        messages: Sequence[MessageInput],
+        options: GenerationOptions = DEFAULT_OPTIONS,
+        timeout: float | None = None,
+        *,
+        tools: Sequence[ToolInput] = (),
+        tool_choice: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> ChatStream:
+        """The next assistant turn as it is parsed: iterate for ContentDelta, ReasoningDelta, ToolCallItem."""
+        request = ChatInput.build(messages, tools, tool_choice, chat_template_kwargs).stream_request(options)
+        return ChatStream(self.inference.ChatStream(request, **self._settings.call(rank, timeout)))
+
     def server_info(
         self, timeout: float | None = None, *, rank: int | None = None
     ) -> control_pb2.GetServerInfoResponse:
@@ -264,6 +325,42 @@ class AsyncDpgateClient:
         """The completion of `prompt` as it is generated: `async for` the stream for TextDelta."""
         request = options.stream_request(prompt)
         return AsyncTokenStream(self.inference.GenerateStream(request, **self._settings.call(rank, timeout)))
+
+    async def chat(
+        self,
+        messages: Sequence[MessageInput],
+        options: GenerationOptions = DEFAULT_OPTIONS,
+        timeout: float | None = None,
+        *,
+        tools: Sequence[ToolInput] = (),
+        tool_choice: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> ChatCompletion:
+        """The next assistant turn of `messages` in one answer; DpgateClient.chat's arguments."""
+        request = ChatInput.build(messages, tools, tool_choice, chat_template_kwargs).chat_request(options)
+        call = self.inference.Chat(request, **self._settings.call(rank, timeout))
+        try:
+            response = await call
+            trailing = await call.trailing_metadata()
+        except grpc.RpcError as error:
+            raise DpgateError.from_rpc_error(error) from None
+        return chat_completion(response, serving_rank(tuple(trailing or ())))
+
+    def chat_stream(
+        self,
+        messages: Sequence[MessageInput],
+        options: GenerationOptions = DEFAULT_OPTIONS,
+        timeout: float | None = None,
+        *,
+        tools: Sequence[ToolInput] = (),
+        tool_choice: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        rank: int | None = None,
+    ) -> AsyncChatStream:
+        """The next assistant turn as it is parsed: `async for` ContentDelta, ReasoningDelta, ToolCallItem."""
+        request = ChatInput.build(messages, tools, tool_choice, chat_template_kwargs).stream_request(options)
+        return AsyncChatStream(self.inference.ChatStream(request, **self._settings.call(rank, timeout)))
 
     async def server_info(
         self, timeout: float | None = None, *, rank: int | None = None

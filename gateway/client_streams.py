@@ -1,8 +1,10 @@
-"""The two readers of a GenerateStream: TokenStream (blocking) and AsyncTokenStream (grpc.aio).
+"""The readers of a server stream: TokenStream (blocking) and AsyncTokenStream (grpc.aio).
 
-Both fold the stream's messages through one `StreamState`, so they yield the same TextDelta values
-and end with the same facts: the finish info, the request id, and the rank that served the call
-(from the gateway's trailing metadata). gRPC failures leave them as DpgateError.
+Both fold the stream's messages through one state object, so they yield the same values and end
+with the same facts: the finish info, the request id, and the rank that served the call (from the
+gateway's trailing metadata). gRPC failures leave them as DpgateError. A GenerateStream is read
+with `StreamState` (TextDelta items); ChatStream and AsyncChatStream are the same readers over a
+ChatStream, with `ChatStreamState` (ContentDelta, ReasoningDelta and ToolCallItem items).
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from typing import Any
 import grpc
 from grpc import aio
 
+from gateway.chat_results import ChatItem, ChatStreamState
 from gateway.client_options import serving_rank
 from gateway.client_results import DpgateError, Finish, StreamState, TextDelta
+
+# Either state: both take one message and return an item or None, and keep finish/request_id.
+State = StreamState | ChatStreamState
 
 
 class TokenStream:
@@ -23,9 +29,9 @@ class TokenStream:
     the request. A failure, before or after the first delta, raises DpgateError from the iteration.
     """
 
-    def __init__(self, call: Any) -> None:
+    def __init__(self, call: Any, state: State | None = None) -> None:
         self._call = call
-        self._state = StreamState()
+        self._state: State = StreamState() if state is None else state
         self._is_done = False
         self.rank: int | None = None
 
@@ -79,9 +85,9 @@ class TokenStream:
 class AsyncTokenStream:
     """The asyncio TokenStream: `async for delta in stream`, then `finish`, `rank` and `request_id`."""
 
-    def __init__(self, call: aio.UnaryStreamCall) -> None:
+    def __init__(self, call: aio.UnaryStreamCall, state: State | None = None) -> None:
         self._call = call
-        self._state = StreamState()
+        self._state: State = StreamState() if state is None else state
         self._is_done = False
         self.rank: int | None = None
 
@@ -130,3 +136,29 @@ class AsyncTokenStream:
     async def __aexit__(self, *exc_info: object) -> None:
         if not self._is_done:
             self.cancel()
+
+
+class ChatStream(TokenStream):
+    """A ChatStream being read: iterate for ContentDelta, ReasoningDelta and ToolCallItem."""
+
+    def __init__(self, call: Any) -> None:
+        super().__init__(call, ChatStreamState())
+
+    def __next__(self) -> ChatItem:
+        return super().__next__()
+
+    def __enter__(self) -> ChatStream:
+        return self
+
+
+class AsyncChatStream(AsyncTokenStream):
+    """The asyncio ChatStream: `async for item in stream`, then `finish`, `rank` and `request_id`."""
+
+    def __init__(self, call: aio.UnaryStreamCall) -> None:
+        super().__init__(call, ChatStreamState())
+
+    async def __anext__(self) -> ChatItem:
+        return await super().__anext__()
+
+    async def __aenter__(self) -> AsyncChatStream:
+        return self
