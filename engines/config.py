@@ -55,6 +55,10 @@ class EngineConfig:
     allow_oversubscribe: bool = False
     worker_step_timeout: float = 30.0
     log_format: str = "plain"  # dpgate.logs.LOG_FORMATS
+    chat_template: str | None = None  # a file replacing the model's chat template
+    reasoning_parser: str | None = None  # None: the model's default (engines/chat/markers.py)
+    tool_call_parser: str | None = None
+    reasoning_markers: str | None = None  # "START,END"
 
     @property
     def parallel_plan(self) -> ParallelPlan:
@@ -112,10 +116,30 @@ class EngineConfig:
             raise ConfigError(str(error)) from error
         if not self.worker_step_timeout > 0:
             raise ConfigError(f"--worker-step-timeout {self.worker_step_timeout} must be > 0")
+        self._validate_chat()
         if self.decode_context_parallel_size > 1 and not self.batch_invariant:
             raise ConfigError(
                 "--decode-context-parallel-size above 1 needs the batch-invariant kernels; drop --no-batch-invariant"
             )
+
+    def _validate_chat(self) -> None:
+        from engines.chat.markers import MarkerConfigError, chat_parsing
+
+        if self.chat_template is not None:
+            try:
+                read_template_text(self.chat_template)
+            except (OSError, UnicodeDecodeError) as error:
+                reason = error.strerror if isinstance(error, OSError) and error.strerror else "not UTF-8 text"
+                raise ConfigError(f"--chat-template {self.chat_template} cannot be read ({reason})") from None
+        try:  # the names and markers only: the model's own defaults are not known before it loads
+            chat_parsing(
+                "",
+                reasoning_parser=self.reasoning_parser,
+                tool_call_parser=self.tool_call_parser,
+                reasoning_markers=self.reasoning_markers,
+            )
+        except MarkerConfigError as error:
+            raise ConfigError(str(error)) from None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
@@ -145,7 +169,21 @@ class EngineConfig:
             allow_oversubscribe=args.allow_oversubscribe,
             worker_step_timeout=args.worker_step_timeout,
             log_format=args.log_format,
+            chat_template=args.chat_template,
+            reasoning_parser=args.reasoning_parser,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_markers=args.reasoning_markers,
         )
+
+
+def read_template_text(path: str) -> str:
+    """A --chat-template file's template (engines/chat/template.py reads JSON-wrapped ones too)."""
+    from engines.chat.template import read_template_file
+
+    text = read_template_file(path)
+    if not text.strip():
+        raise OSError(0, "the file is empty")
+    return text
 
 
 def rank_from_hostname(hostname: str) -> int:
@@ -233,12 +271,41 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "on its batch (the default); --no-batch-invariant uses torch's kernels",
     )
     add_parallel_arguments(parser)
+    add_chat_arguments(parser)
     parser.add_argument(
         "--num-threads",
         type=int,
         default=None,
         help="torch compute threads of the engine, split among its tensor-parallel ranks; give engines that "
         "share a host a share of its cores (default: all)",
+    )
+
+
+def add_chat_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine's Chat flags (docs/engine.md, "Chat"); `dpgate serve` passes them on to every engine."""
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="FILE",
+        help="Jinja chat template replacing the model's own (default: the model's, from GGUF or tokenizer files)",
+    )
+    parser.add_argument(
+        "--reasoning-parser",
+        default=None,
+        help="how Chat finds reasoning in the output: think (between the reasoning markers) or none "
+        "(default: by the model's architecture)",
+    )
+    parser.add_argument(
+        "--reasoning-markers",
+        default=None,
+        metavar="START,END",
+        help="the markers around reasoning (default: <think>,</think>)",
+    )
+    parser.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="how Chat finds tool calls in the output: hermes (JSON between <tool_call> and </tool_call>) or none "
+        "(default: by the model's architecture)",
     )
 
 

@@ -20,7 +20,9 @@ from dpgate.servicer_guard import ServicerGuard
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
 from engines import kernels
 from engines.async_engine import AsyncEngine
-from engines.config import ConfigError, EngineConfig
+from engines.chat.markers import chat_parsing
+from engines.chat.template import load_chat_template
+from engines.config import ConfigError, EngineConfig, read_template_text
 from engines.cpu import cpu_info
 from engines.engine import LLMEngine
 from engines.grammar.compiler import GrammarCompiler
@@ -111,9 +113,18 @@ async def serve(config: EngineConfig) -> int:
     if tokenizer.bos_token_id is not None:
         model_info.bos_token_id = tokenizer.bos_token_id
 
-    generate_pb2_grpc.add_InferenceServiceServicer_to_server(
-        InferenceServicer(engine, limits, tokenizer.tokenizer, metrics, config.data_parallel_rank), server
+    parsing = chat_parsing(
+        loaded.config.architecture,
+        reasoning_parser=config.reasoning_parser,
+        tool_call_parser=config.tool_call_parser,
+        reasoning_markers=config.reasoning_markers,
     )
+    template_text = read_template_text(config.chat_template) if config.chat_template is not None else None
+    chat_template = load_chat_template(tokenizer.tokenizer, parsing.markers, template_text)
+    inference = InferenceServicer(
+        engine, limits, tokenizer.tokenizer, metrics, config.data_parallel_rank, chat_template, parsing
+    )
+    generate_pb2_grpc.add_InferenceServiceServicer_to_server(inference, server)
     control_pb2_grpc.add_ControlServiceServicer_to_server(
         ControlServicer(engine, server_info, model_info, metrics), server
     )

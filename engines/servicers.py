@@ -23,9 +23,12 @@ from dpgate.logs import request_id_var
 from dpgate.request_id import REQUEST_ID_KEY, resolve_request_id
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
 from engines.async_engine import AsyncEngine, EngineFailedError
+from engines.chat.markers import ChatParsing
+from engines.chat.output_parser import ChatOutputParser, ChatPiece, ParsedToolCall, collect
+from engines.chat.request import ChatLike, ChatRun, build_chat
+from engines.chat.template import ChatTemplate, NoChatTemplateError
 from engines.metrics import EngineMetrics
 from engines.request_builder import (
-    GenerateLike,
     ModelLimits,
     UnknownModelError,
     UnsupportedFeatureError,
@@ -33,7 +36,7 @@ from engines.request_builder import (
 )
 from engines.sampling_params import InvalidRequestError
 from engines.scheduler import QueueFullError, RequestTooLargeError
-from engines.sequence import FinishReason, StepOutput
+from engines.sequence import FinishReason, Sequence, StepOutput
 
 logger = logging.getLogger(__name__)
 request_logger = logging.getLogger("dpgate.engine.requests")
@@ -45,6 +48,7 @@ STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
     QueueFullError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     RequestTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     EngineFailedError: grpc.StatusCode.INTERNAL,
+    NoChatTemplateError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 INTERNAL_MESSAGE = "internal engine error"
@@ -133,19 +137,47 @@ def wire_logprobs(output: StepOutput) -> list[generate_pb2.TokenLogprob]:
     ]
 
 
+def wire_piece(piece: ChatPiece) -> generate_pb2.ChatDelta:
+    """A parsed piece as a delta of its own kind."""
+    if piece.kind == "content":
+        return generate_pb2.ChatDelta(content=piece.text)
+    if piece.kind == "reasoning":
+        return generate_pb2.ChatDelta(reasoning_content=piece.text)
+    assert piece.tool_call is not None  # a tool_call piece always carries its call
+    return generate_pb2.ChatDelta(tool_call=wire_tool_call(piece.tool_call))
+
+
+def wire_tool_call(call: ParsedToolCall) -> generate_pb2.ToolCall:
+    return generate_pb2.ToolCall(id=call.id, name=call.name, arguments=call.arguments)
+
+
 class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
+    """Generate and Chat share one run path (`_run`): validation, metrics, the request's log line,
+    and aborting the request in the engine when the client goes away. `chat_template` is None when
+    the model has none and no --chat-template was given: Chat then answers FAILED_PRECONDITION."""
+
     def __init__(
-        self, engine: AsyncEngine, limits: ModelLimits, tokenizer, metrics: EngineMetrics, data_parallel_rank: int = 0
+        self,
+        engine: AsyncEngine,
+        limits: ModelLimits,
+        tokenizer,
+        metrics: EngineMetrics,
+        data_parallel_rank: int = 0,
+        chat_template: ChatTemplate | None = None,
+        chat_parsing: ChatParsing | None = None,
     ):
         self.engine = engine
         self.limits = limits
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.data_parallel_rank = data_parallel_rank
+        self.chat_template = chat_template
+        self.chat_parsing = chat_parsing or ChatParsing()
 
     async def Generate(self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         response = generate_pb2.GenerateResponse()
-        async for _, output in self._run("Generate", request, context):
+        build = lambda: build_sequence(request, self.limits, self.tokenizer)  # noqa: E731
+        async for _, output in self._run("Generate", build, context):
             response.request_id = output.request_id
             response.text += output.text
             response.token_ids.extend(output.token_ids)
@@ -158,7 +190,8 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         self, request: generate_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[generate_pb2.GenerateStreamResponse]:
         first = True
-        async for seq, output in self._run("GenerateStream", request, context):
+        build = lambda: build_sequence(request, self.limits, self.tokenizer)  # noqa: E731
+        async for seq, output in self._run("GenerateStream", build, context):
             if first:
                 prompt = generate_pb2.PromptInfo(request_id=seq.request_id, prompt_token_ids=seq.prompt_ids)
                 yield generate_pb2.GenerateStreamResponse(prompt_info=prompt)
@@ -169,8 +202,69 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             if output.finish_reason is not None:
                 yield generate_pb2.GenerateStreamResponse(finish=finish_info(output))
 
-    async def _run(self, rpc: str, request: GenerateLike, context: grpc.aio.ServicerContext):
-        """Validate, run and yield (sequence, step output); every failure becomes one status with a message."""
+    def _chat_run(self, request: ChatLike) -> ChatRun:
+        if self.chat_template is None:
+            raise NoChatTemplateError()
+        return build_chat(request, self.limits, self.tokenizer, self.chat_template, self.chat_parsing)
+
+    def _parser(self, run: ChatRun) -> ChatOutputParser:
+        return ChatOutputParser.for_parsing(run.parsing, run.thinking, request_id=run.sequence.request_id)
+
+    async def Chat(self, request: generate_pb2.ChatRequest, context: grpc.aio.ServicerContext):
+        response = generate_pb2.ChatResponse()
+        runs: list[ChatRun] = []
+        text = ""
+
+        def build() -> Sequence:
+            runs.append(self._chat_run(request))
+            return runs[0].sequence
+
+        async for _, output in self._run("Chat", build, context):
+            response.request_id = output.request_id
+            text += output.text
+            response.token_ids.extend(output.token_ids)
+            response.logprobs.extend(wire_logprobs(output))
+            if output.finish_reason is not None:
+                response.finish.CopyFrom(finish_info(output))
+        parser = self._parser(runs[0])  # the streaming parser fed once: unary == streaming by construction
+        parsed = collect([*parser.feed(text), *parser.finish()])
+        response.content = parsed.content
+        response.reasoning_content = parsed.reasoning
+        response.tool_calls.extend(wire_tool_call(call) for call in parsed.tool_calls)
+        return response
+
+    async def ChatStream(
+        self, request: generate_pb2.ChatStreamRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[generate_pb2.ChatStreamResponse]:
+        runs: list[ChatRun] = []
+
+        def build() -> Sequence:
+            runs.append(self._chat_run(request))
+            return runs[0].sequence
+
+        parser: ChatOutputParser | None = None
+        async for seq, output in self._run("ChatStream", build, context):
+            if parser is None:
+                parser = self._parser(runs[0])
+                prompt = generate_pb2.PromptInfo(request_id=seq.request_id, prompt_token_ids=seq.prompt_ids)
+                yield generate_pb2.ChatStreamResponse(prompt_info=prompt)
+            pieces = parser.feed(output.text) if output.text else []
+            if output.finish_reason is not None:
+                pieces.extend(parser.finish())
+            deltas = [wire_piece(piece) for piece in pieces]
+            if output.token_ids and not deltas:
+                deltas.append(generate_pb2.ChatDelta())  # the step's tokens were only markup (or held back)
+            if deltas:
+                deltas[0].token_ids.extend(output.token_ids)
+                deltas[0].logprobs.extend(wire_logprobs(output))
+            for delta in deltas:
+                yield generate_pb2.ChatStreamResponse(delta=delta)
+            if output.finish_reason is not None:
+                yield generate_pb2.ChatStreamResponse(finish=finish_info(output))
+
+    async def _run(self, rpc: str, build: Callable[[], Sequence], context: grpc.aio.ServicerContext):
+        """Build (validating), run and yield (sequence, step output); every failure becomes one status
+        with a message."""
         code = grpc.StatusCode.OK
         arrived = time.perf_counter()
         first_token_at: float | None = None
@@ -179,7 +273,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         request_id_var.set(request_id)  # this call's task only: grpc.aio runs each call in its own task
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
         try:
-            seq = build_sequence(request, self.limits, self.tokenizer)
+            seq = build()
             if self.engine.is_active(seq.request_id):
                 raise InvalidRequestError(f"request_id {seq.request_id!r} is already in use by a running request")
             async for output in self.engine.generate(seq):

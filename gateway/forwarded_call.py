@@ -67,7 +67,7 @@ logger = logging.getLogger("dpgate.gateway.forwarding")
 
 DEADLINE_MESSAGE = "Deadline Exceeded"
 _NO_STATUS_MESSAGE = "the engine ended the call without a status"
-# The tag byte of a GenerateStreamResponse carrying a token: field 2 (delta), wire type 2.
+# The tag byte of a GenerateStreamResponse (or ChatStreamResponse) carrying a token: field 2 (delta), wire type 2.
 _DELTA_TAG = 0x12
 _SERVICES = (
     generate_pb2.DESCRIPTOR.services_by_name["InferenceService"],

@@ -44,6 +44,8 @@ HEALTH_PREFIX = b"/grpc.health.v1.Health/"
 DPGATE_METHODS: dict[bytes, tuple[str, bool]] = {
     f"/{INFERENCE_SERVICE}/Generate".encode(): ("Generate", False),
     f"/{INFERENCE_SERVICE}/GenerateStream".encode(): ("GenerateStream", True),
+    f"/{INFERENCE_SERVICE}/Chat".encode(): ("Chat", False),
+    f"/{INFERENCE_SERVICE}/ChatStream".encode(): ("ChatStream", True),
     **{
         f"/{CONTROL_SERVICE}/{name}".encode(): (name, False)
         for name in ("GetServerInfo", "GetModelInfo", "GetLoad", "Abort")

@@ -72,6 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="log one line per call with its x-request-id, code and duration (default); it costs ~15 us a call",
     )
+    # Chat flags: checked by the engines (an engine's refusal ends serve with exit 2 and its sentence).
+    add("--chat-template", metavar="FILE", help="engines' chat template file, replacing the model's own")
+    add("--reasoning-parser", help="engines' reasoning parser: think or none (default: by the model)")
+    add("--reasoning-markers", metavar="START,END", help="engines' reasoning markers (default: <think>,</think>)")
+    add("--tool-call-parser", help="engines' tool-call parser: hermes or none (default: by the model)")
     add_log_format_argument(parser, deprecated_json_flag=True)  # the gateway's and every engine's
     add_limit_arguments(parser)
 
@@ -102,6 +107,10 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
     ]  # fmt: skip
     if args.allow_oversubscribe:
         command.append("--allow-oversubscribe")
+    for flag in ("--chat-template", "--reasoning-parser", "--reasoning-markers", "--tool-call-parser"):
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            command += [flag, value]
     if args.engine_metrics_port is not None:
         command += ["--metrics-port", str(args.engine_metrics_port + rank)]
     # Engines on one host share its cores: oversubscribed torch threads spin against each other.

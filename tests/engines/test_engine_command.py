@@ -52,6 +52,13 @@ def bad_flag_cases(tmp_path):
             "--decode-context-parallel-size above 1 needs the batch-invariant kernels",
         ),
         (["--worker-step-timeout", "0"], "--worker-step-timeout 0.0 must be > 0"),
+        (
+            ["--chat-template", str(tmp_path / "missing.jinja")],
+            f"--chat-template {tmp_path / 'missing.jinja'} cannot be read (No such file or directory)",
+        ),
+        (["--reasoning-parser", "deepseek"], "--reasoning-parser deepseek must be one of none, think"),
+        (["--tool-call-parser", "mistral"], "--tool-call-parser mistral must be one of none, hermes"),
+        (["--reasoning-markers", "<think>"], "--reasoning-markers <think> must be START,END"),
     ]
 
 

@@ -27,6 +27,8 @@ UNARY, SERVER_STREAM, BIDI = "unary", "server-stream", "bidi"
 METHODS = {
     "/dpgate.v1.InferenceService/Generate": (UNARY, "dpgate.v1.GenerateRequest"),
     "/dpgate.v1.InferenceService/GenerateStream": (SERVER_STREAM, "dpgate.v1.GenerateStreamRequest"),
+    "/dpgate.v1.InferenceService/Chat": (UNARY, "dpgate.v1.ChatRequest"),
+    "/dpgate.v1.InferenceService/ChatStream": (SERVER_STREAM, "dpgate.v1.ChatStreamRequest"),
     "/dpgate.v1.ControlService/GetServerInfo": (UNARY, "dpgate.v1.GetServerInfoRequest"),
     "/dpgate.v1.ControlService/GetModelInfo": (UNARY, "dpgate.v1.GetModelInfoRequest"),
     "/dpgate.v1.ControlService/GetLoad": (UNARY, "dpgate.v1.GetLoadRequest"),

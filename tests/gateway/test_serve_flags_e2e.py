@@ -19,6 +19,8 @@ from tests.gateway.processes import PYTHON, ROOT, free_port
         ),
         (["--dcp-kv-interleave", "5"], "--dcp-kv-interleave 5 must be >= 1 and divide --block-size 16"),
         (["--tensor-parallel-size", "512"], "--tensor-parallel-size 512 is more than the"),
+        (["--chat-template", "/nonexistent/chat.jinja"], "--chat-template /nonexistent/chat.jinja cannot be read"),
+        (["--tool-call-parser", "mistral"], "--tool-call-parser mistral must be one of none, hermes"),
     ],
 )
 def test_serve_exits_2_when_its_engines_refuse_a_parallel_flag(flags, message):
