@@ -17,8 +17,10 @@ conversion with `excludes` set to the end marker, so no argument string can hold
 and cut the call short for the parser; whitespace inside the JSON is bounded to one character per
 place (`max_whitespace_cnt`), so a small model cannot fill max_tokens with it.
 
-With `thinking`, the grammar first allows the reasoning the prompt opened, any text up to the
-reasoning end marker, then the calls: a thinking model may still think before it must call.
+With `thinking`, the grammar first allows the reasoning the prompt opened: any text up to the
+reasoning end marker, one newline, then the calls; a thinking model may still think before it must
+call, and the parser (started in reasoning) puts that text in reasoning_content. Without it the
+output starts with the first `<tool_call>`; a parser started in reasoning ends reasoning there.
 """
 
 from __future__ import annotations
