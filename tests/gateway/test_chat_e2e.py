@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 
 from dpgate.v1 import generate_pb2 as pb
+from engines.grammar.spec import ebnf_literal
 from tests.gateway.processes import FAST_HEALTH, RANK_KEY, EngineProcess, GatewayProcess, inference_stub
 from tests.tiny_model import make_tiny_llama_dir
 
@@ -32,6 +33,15 @@ WEATHER = pb.Tool(
 TIME_SCHEMA = {"type": "object", "properties": {"timezone": {"type": "string"}}, "required": ["timezone"]}
 CLOCK = pb.Tool(name="get_time", description="Get the current time in a timezone", parameters=json.dumps(TIME_SCHEMA))
 GREEDY = pb.SamplingParams(temperature=0.0)
+# A Qwen3-like template whose default is thinking on: the prompt opens <think>, or, with thinking
+# opted out, closes an empty block.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}"
+)
+CALL_TEXT = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
 def user(text: str) -> pb.ChatMessage:
@@ -55,9 +65,11 @@ def joined(messages: list[pb.ChatStreamResponse]) -> tuple[str, str, list[pb.Too
     return content, reasoning, calls, [t for d in deltas for t in d.token_ids]
 
 
-class SmolLM2Engine(EngineProcess):
-    def __init__(self, log_dir: Path, *flags: str) -> None:
-        super().__init__(Path("smollm2-135m-instruct"), 0, 1, log_dir)
+class FlaggedEngine(EngineProcess):
+    """Rank 0 of 1 on `model`, with extra engine flags."""
+
+    def __init__(self, model: Path, log_dir: Path, *flags: str) -> None:
+        super().__init__(model, 0, 1, log_dir)
         self.flags = flags
 
     def command(self) -> list[str]:
@@ -87,9 +99,23 @@ def no_template_engine(chat_dir: Path):
 
 
 @pytest.fixture(scope="module")
-def smollm2(chat_dir: Path, no_template_engine: EngineProcess):
-    engine = SmolLM2Engine(chat_dir)
-    engine.start()  # both engines load at once
+def thinking_engine(chat_dir: Path):
+    """The tiny Llama with THINKING_TEMPLATE as its --chat-template; its (random) output is forced
+    with structured_output, so the parsing of a known text is checked through the whole path."""
+    template = chat_dir / "thinking.jinja"
+    template.write_text(THINKING_TEMPLATE)
+    log_dir = chat_dir / "thinking-logs"
+    log_dir.mkdir()
+    engine = FlaggedEngine(make_tiny_llama_dir(chat_dir / "thinking"), log_dir, "--chat-template", str(template))
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def smollm2(chat_dir: Path, no_template_engine: EngineProcess, thinking_engine: EngineProcess):
+    engine = FlaggedEngine(Path("smollm2-135m-instruct"), chat_dir)
+    engine.start()  # all engines load at once
     try:
         engine.wait_serving()
         gateway = GatewayProcess([engine.address], *FAST_HEALTH, log_dir=chat_dir)
@@ -243,3 +269,50 @@ def test_chat_is_pinned_to_the_rank_the_client_names(gateway, engines):
         messages = list(stream)
         assert dict(stream.trailing_metadata())[RANK_KEY] == "1"
         assert len(joined(messages)[3]) == 3
+
+
+def forced(text: str) -> pb.StructuredOutput:
+    return pb.StructuredOutput(ebnf=f"root ::= {ebnf_literal(text)}")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "thinking"),
+    [
+        ({}, True),  # the template's default
+        ({"enable_thinking": True}, True),
+        ({"thinking": False}, False),
+        ({"enable_thinking": None}, False),
+        ({"reasoning_effort": "none"}, False),
+        ({"reasoning_effort": "None"}, True),  # only the exact string opts out
+    ],
+)
+def test_reasoning_then_a_tool_call_is_split_as_the_prompt_was_rendered(
+    thinking_engine, smollm2, smollm2_tokenizer, kwargs, thinking
+):
+    """The model writes reasoning, `</think>`, then a call: with thinking on that is reasoning and
+    one call, no content; opted out, the same output has no reasoning (the stray `</think>` is
+    markup) and the prompt closed the empty block instead of opening one."""
+    thinking_engine.wait_serving()
+    request = pb.ChatRequest(
+        messages=[user("Weather in Paris?")],
+        tools=[WEATHER],
+        structured_output=forced("I should ask the weather tool.</think>\n\n" + CALL_TEXT),
+        stopping=pb.StoppingCriteria(max_tokens=80),
+    )
+    request.chat_template_kwargs.update(kwargs)
+    with grpc.insecure_channel(thinking_engine.address) as channel:
+        stub = inference_stub(channel)
+        unary = stub.Chat(request, timeout=60)
+        messages = list(stub.ChatStream(stream_of(request), timeout=60))
+    prompt = smollm2_tokenizer.decode(messages[0].prompt_info.prompt_token_ids)
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n" if thinking else "<think>\n\n</think>\n\n")
+    assert [(c.name, c.arguments) for c in unary.tool_calls] == [("get_weather", '{"city":"Paris"}')]
+    if thinking:
+        assert (unary.reasoning_content, unary.content) == ("I should ask the weather tool.", "")
+    else:
+        assert (unary.reasoning_content, unary.content) == ("", "I should ask the weather tool.")
+    content, reasoning, calls, _ = joined(messages)
+    assert (content, reasoning, named(calls)) == (unary.content, unary.reasoning_content, named(unary.tool_calls))
+    for message in messages[1:-1]:
+        text = message.delta.content or message.delta.reasoning_content
+        assert not any(marker in text for marker in ("<think>", "</think>", "<tool_call>", "</tool_call>"))
