@@ -201,6 +201,6 @@ def run(args: argparse.Namespace) -> int:
             print(_error_line(error), file=sys.stderr)
             return 1
         if sys.stdin.isatty():
-            view.note(f"dpgate chat with {info.model or 'the model'} at {args.address}. {HELP}")
+            view.note(f"{info.model or 'the model'} at {args.address}; /help for commands, Ctrl-D leaves.")
         _loop(client, settings, view)
     return 0

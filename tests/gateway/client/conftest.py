@@ -3,6 +3,7 @@
 One gateway each for plain calls, API keys, TLS and mutual TLS, all on free 127.0.0.1 ports, so
 the client is tested over real sockets against the real front door. The engines answer in
 milliseconds; TOKEN_DELAY_S per streamed token makes a long stream slow enough to hit a deadline.
+Chat needs a model with a chat template, so its tests share one real SmolLM2 engine and gateway.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from engines.model_source import DEFAULT_MODEL
 from gateway.client import DpgateClient, DpgateError, TlsOptions
-from tests.gateway.processes import FAST_HEALTH, GatewayProcess, SyntheticEngineProcess
+from tests.gateway.processes import FAST_HEALTH, EngineProcess, GatewayProcess, SyntheticEngineProcess
 from tests.gateway.tls_files import CertPair, make_ca, make_signed
 
 TOKEN_DELAY_S = 0.01
@@ -128,3 +130,31 @@ def mtls_gateway(synthetic_pair, log_dir, pki) -> Iterator[GatewayProcess]:
         yield gateway
     finally:
         gateway.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatServer:
+    """The real SmolLM2 engine (rank 0 of 1) and a gateway in front of it, for the chat tests."""
+
+    engine: EngineProcess
+    gateway: GatewayProcess
+
+
+@pytest.fixture(scope="session")
+def smollm2_chat_server(log_dir: Path) -> Iterator[ChatServer]:
+    """One SmolLM2 engine and gateway shared by the chat client and `dpgate chat` tests (a real model
+    loads in seconds, but not per test). The engine logs to its own file: its request log lines are
+    how a test sees that a cancelled answer was aborted."""
+    engine = EngineProcess(Path(DEFAULT_MODEL), 0, 1, log_dir)
+    engine.log_path = log_dir / "chat-smollm2-engine.log"
+    engine.start()
+    try:
+        engine.wait_serving(timeout=120)
+        gateway = GatewayProcess([engine.address], *FAST_HEALTH, log_dir=log_dir, name="gateway-chat")
+        try:
+            gateway.wait_ranks([0])
+            yield ChatServer(engine, gateway)
+        finally:
+            gateway.stop()
+    finally:
+        engine.stop()
