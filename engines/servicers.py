@@ -25,7 +25,7 @@ from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_
 from engines.async_engine import AsyncEngine, EngineFailedError
 from engines.chat.markers import ChatParsing
 from engines.chat.output_parser import ChatOutputParser, ChatPiece, ParsedToolCall, collect
-from engines.chat.request import ChatLike, ChatRun, build_chat
+from engines.chat.request import ChatLike, ChatRun, ToolCallsOffError, build_chat
 from engines.chat.template import ChatTemplate, NoChatTemplateError
 from engines.metrics import EngineMetrics
 from engines.request_builder import (
@@ -49,6 +49,7 @@ STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
     RequestTooLargeError: grpc.StatusCode.RESOURCE_EXHAUSTED,
     EngineFailedError: grpc.StatusCode.INTERNAL,
     NoChatTemplateError: grpc.StatusCode.FAILED_PRECONDITION,
+    ToolCallsOffError: grpc.StatusCode.FAILED_PRECONDITION,
 }
 
 INTERNAL_MESSAGE = "internal engine error"

@@ -57,6 +57,10 @@ _RESERVED_KWARGS = frozenset(
 )
 
 
+class ToolCallsOffError(RuntimeError):
+    """The request must call a tool but the engine does not parse tool calls (FAILED_PRECONDITION)."""
+
+
 @dataclass(slots=True)
 class ChatRun:
     """A validated chat request: the sequence to run and how to read what it generates."""
@@ -89,6 +93,11 @@ def build_chat(
     prompt_ids = list(tokenizer(rendered.text, add_special_tokens=False).input_ids)
     require(bool(prompt_ids), "messages must render to a prompt of at least one token")
     sequence = build_sequence(_generate_request(request, prompt_ids), limits, tokenizer)
+    if constrained and not parsing.parse_tools:
+        raise ToolCallsOffError(
+            "tool_choice REQUIRED or a named tool needs tool-call parsing, which this engine has off "
+            "(--tool-call-parser none)"
+        )
     if constrained:
         from engines.chat.tool_grammar import tool_call_grammar  # imports xgrammar (2 s): not at start-up
 
@@ -108,7 +117,10 @@ def _message(index: int, message: generate_pb2.ChatMessage) -> dict[str, Any]:
     """A message as transformers' templates expect it (OpenAI shape, arguments as an object)."""
     field = f"messages[{index}]"
     role = _ROLES.get(message.role)
-    require(role is not None, f"{field}.role must be set: SYSTEM, USER, ASSISTANT or TOOL")
+    require(
+        message.role != generate_pb2.CHAT_ROLE_UNSPECIFIED, f"{field}.role must be set: SYSTEM, USER, ASSISTANT or TOOL"
+    )
+    require(role is not None, f"{field}.role {message.role} is not a role: give SYSTEM, USER, ASSISTANT or TOOL")
     out: dict[str, Any] = {"role": role, "content": message.content}
     if message.tool_calls:
         require(role == "assistant", f"{field}.tool_calls is only allowed on an ASSISTANT message")

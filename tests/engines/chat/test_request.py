@@ -9,7 +9,7 @@ import pytest
 
 from dpgate.v1 import generate_pb2 as pb
 from engines.chat.markers import ChatParsing
-from engines.chat.request import build_chat
+from engines.chat.request import ToolCallsOffError, build_chat
 from engines.chat.template import ChatTemplate
 from engines.request_builder import ModelLimits, UnknownModelError
 from engines.sampling_params import InvalidRequestError
@@ -122,6 +122,17 @@ def test_a_bad_chat_request_names_the_field_and_the_rule(smollm2_tokenizer, temp
     with pytest.raises(InvalidRequestError) as info:
         build(smollm2_tokenizer, template, **fields)
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_an_unknown_role_is_refused(smollm2_tokenizer, template):
+    with pytest.raises(InvalidRequestError, match=r"^messages\[0\]\.role 9 is not a role"):
+        build(smollm2_tokenizer, template, messages=[pb.ChatMessage(role=9, content="hi")])
+
+
+def test_a_required_tool_call_is_refused_when_the_engine_parses_no_tool_calls(smollm2_tokenizer, template):
+    request = pb.ChatRequest(messages=[HI], tools=[WEATHER], tool_choice=REQUIRED)
+    with pytest.raises(ToolCallsOffError, match="--tool-call-parser none"):
+        build_chat(request, LIMITS, smollm2_tokenizer, template, ChatParsing(parse_tools=False))
 
 
 def test_an_unknown_model_is_not_found(smollm2_tokenizer, template):
