@@ -13,6 +13,7 @@ its code, token counts and duration, and the id goes back in trailing metadata.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -177,7 +178,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
 
     async def Generate(self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         response = generate_pb2.GenerateResponse()
-        build = lambda: build_sequence(request, self.limits, self.tokenizer)  # noqa: E731
+        build = functools.partial(build_sequence, request, self.limits, self.tokenizer)
         async for _, output in self._run("Generate", build, context):
             response.request_id = output.request_id
             response.text += output.text
@@ -191,7 +192,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         self, request: generate_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[generate_pb2.GenerateStreamResponse]:
         first = True
-        build = lambda: build_sequence(request, self.limits, self.tokenizer)  # noqa: E731
+        build = functools.partial(build_sequence, request, self.limits, self.tokenizer)
         async for seq, output in self._run("GenerateStream", build, context):
             if first:
                 prompt = generate_pb2.PromptInfo(request_id=seq.request_id, prompt_token_ids=seq.prompt_ids)
