@@ -9,10 +9,12 @@ prints one line and the loop goes on to the next question, exiting 0 at the end 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from gateway.chat_view import REASONING_PREFIX
@@ -98,3 +100,20 @@ def test_a_server_error_prints_one_line_and_the_next_question_is_answered(thinki
     errors = done.stderr.splitlines()
     assert len(errors) == 2 and all(line.startswith("dpgate chat: INVALID_ARGUMENT: ") for line in errors), done.stderr
     assert "[conversation reset]" in done.stdout
+
+
+def test_tool_calls_are_printed_as_calls_and_kept_in_the_history(smollm2_chat_server, tmp_path) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = tmp_path / "tools.json"
+    tools.write_text(
+        json.dumps([{"name": "get_weather", "description": "Current weather in a city", "parameters": schema}])
+    )
+    flags = ["--tools", str(tools), "--tool-choice", "required", "--max-tokens", "40", "--temperature", "0"]
+    done = chat(smollm2_chat_server.gateway.address, ["What is the weather in Paris?", "And in Rome?"], *flags)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    calls = [line for line in done.stdout.splitlines() if line.startswith("tool call ")]
+    assert len(calls) >= 2, done.stdout  # one or more per answer; the second answer saw the first's calls
+    for line in calls:
+        name, arguments = line.removeprefix("tool call ").split("(", 1)
+        assert name == "get_weather"
+        jsonschema.validate(json.loads(arguments.removesuffix(")")), schema)

@@ -5,7 +5,8 @@ cancelled with Ctrl-C while it streams, then a third question answered. The scre
 first answer (as the client receives it for the same greedy request), the cancellation and the
 prompt back; the engine must have stopped the cancelled request (nothing running, its request
 log line CANCELLED with fewer tokens than asked); the third request must carry the first exchange
-but not the cancelled one; and Ctrl-C at the empty prompt must leave with status 0.
+but not the cancelled one; Ctrl-C on a typed line must discard it and stay, and Ctrl-C at the
+empty prompt must leave with status 0.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def test_two_turns_one_cancelled_with_ctrl_c(smollm2_chat_server, terminal, requ
     third_answer = _after(screen, f"> {THIRD}").rsplit("\n>", 1)[0].strip()
     assert third_answer and "dpgate chat:" not in third_answer
 
+    terminal._tmux("send-keys", "-l", "a line typed but not sent")
+    terminal._tmux("send-keys", "C-c")  # on a typed line: the line is discarded, the chat goes on
+    terminal.wait_for(lambda history: _after(history, "not sent").rstrip().endswith("\n>"), timeout=15)
     terminal._tmux("send-keys", "C-c")  # at the empty prompt: leave
     terminal.wait_for(lambda history: history.rstrip().endswith("$"), timeout=15)
     terminal.type_line('echo "exit=$?"')
