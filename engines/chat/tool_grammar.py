@@ -1,6 +1,8 @@
 """The grammar that makes tool_choice `required` or a named tool a promise: the output is tool calls.
 
-The output allowed is one or more Hermes blocks, one per line, and nothing else:
+The output allowed is one or more Hermes blocks, one per line, and nothing else (for a named tool,
+exactly one block: the grammar then ends and the request stops, where a small model left free to
+go on repeats the call until max_tokens):
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -56,7 +58,11 @@ def tool_call_grammar(
             names = ", ".join(tool.name for tool in tools)
             raise InvalidToolError(f"tool_choice.tool_name {choice!r} is not one of the tools: {names}")
     tags = [_call_tag(tool, index, markers) for index, tool in chosen]
-    calls: dict[str, Any] = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}
+    calls: dict[str, Any]
+    if choice == REQUIRED:
+        calls = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}
+    else:  # a named tool is one call of it, as OpenAI's named tool_choice: then the grammar ends, and so does the turn
+        calls = tags[0]
     if thinking:
         reasoning = {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": markers.reasoning_end}
         calls = {"type": "sequence", "elements": [reasoning, {"type": "const_string", "value": "\n"}, calls]}

@@ -135,6 +135,16 @@ def test_a_named_choice_allows_only_that_tool(compiler, smollm2_tokenizer):
     assert not accepts(matcher(compiler, "get-time"), smollm2_tokenizer, call("get_weather", {"city": "Paris"}))
 
 
+def test_a_named_choice_is_one_call_and_then_the_grammar_ends(compiler, smollm2_tokenizer):
+    named = matcher(compiler, "get-time")
+    for token_id in smollm2_tokenizer.encode(call("get-time", {}), add_special_tokens=False):
+        assert named.matcher.accept_token(token_id)
+    assert named.matcher.is_terminated() or allowed(named) == [EOS]
+    twice = call("get-time", {}) + "\n" + call("get-time", {})
+    assert not accepts(matcher(compiler, "get-time"), smollm2_tokenizer, twice)
+    assert accepts(matcher(compiler), smollm2_tokenizer, twice)  # required: one or more
+
+
 def test_with_thinking_the_reasoning_comes_first_then_the_calls(compiler, smollm2_tokenizer):
     text = "The user wants Paris.\n</think>\n" + call("get_weather", {"city": "Paris"})
     assert accepts(matcher(compiler, thinking=True), smollm2_tokenizer, text)
