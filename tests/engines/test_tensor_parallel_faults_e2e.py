@@ -78,8 +78,26 @@ def fault_and_watch(model: Path, log_path: Path, fault: signal.Signals, *flags: 
         status = engine.process.wait(60)
         exited = time.monotonic() - faulted
         assert status != 0
-        assert not [child for child in children if is_alive(child)], "a child outlived its engine"
+        assert not survivors(children), "a child outlived its engine"
     return ended.value.code(), exited
+
+
+def survivors(children: list[int], grace_s: float = 10.0) -> list[str]:
+    """The children still alive `grace_s` after their engine exited, by command line. The grace is
+    for multiprocessing's resource tracker: it exits when it reads its engine's end of the pipe
+    closed, after unlinking the shared memory the engine left, which takes a moment on a loaded
+    machine; a child that is really orphaned is still there when the grace is over."""
+    deadline = time.monotonic() + grace_s
+    while (alive := [child for child in children if is_alive(child)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [command_line(child) for child in alive]
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"pid {pid} (gone)"
 
 
 def test_a_worker_that_dies_stops_the_engine_naming_its_rank(one_kv_head_model, tmp_path):
