@@ -27,7 +27,7 @@ from gateway.chat_messages import ChatInput, ToolCall
 from gateway.chat_results import ContentDelta, ToolCallItem
 from gateway.chat_view import AnswerView
 from gateway.client import DpgateClient, DpgateError, GenerationOptions
-from gateway.generate_command import API_KEY_ENV, FlagError, _client
+from gateway.connection_flags import FlagError, add_connection_arguments, client_from_args
 
 PROMPT = "> "
 HELP = "/reset forgets the conversation, /quit (or Ctrl-D) leaves; Ctrl-C stops an answer."
@@ -49,14 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "default: the template's own choice")  # fmt: skip
     add("--tools", default=None, metavar="FILE", help="JSON file: a list of tools (name, description, parameters)")
     add("--tool-choice", default=None, help="none, auto, required or a tool's name (default: the server's)")
-    add("--rank", default=None, help="pin the calls to this data-parallel rank (metadata x-data-parallel-rank)")
-    add("--timeout", type=float, default=None, help="deadline of each answer in seconds (default: none)")
-    add("--api-key", default=None, help=f"sent as `authorization: Bearer KEY` (default: ${API_KEY_ENV})")
-    add("--tls", action="store_true", help="connect with TLS, trusting the system's roots")
-    add("--tls-ca", help="PEM CA bundle that signed the server's certificate (implies --tls)")
-    add("--tls-cert", help="PEM client certificate for mutual TLS (implies --tls; needs --tls-key)")
-    add("--tls-key", help="PEM private key of --tls-cert")
-    add("--tls-server-name", help="name the server's certificate must carry, if not the address's host (implies --tls)")
+    add_connection_arguments(
+        parser,
+        rank_help="pin the calls to this data-parallel rank (metadata x-data-parallel-rank)",
+        timeout_help="deadline of each answer in seconds (default: none)",
+    )
 
 
 class ChatSettings:
@@ -188,7 +185,7 @@ def _loop(client: DpgateClient, settings: ChatSettings, view: AnswerView) -> Non
 def run(args: argparse.Namespace) -> int:
     try:
         settings = ChatSettings(args)
-        client = _client(args)
+        client = client_from_args(args)
     except FlagError as error:
         print(f"dpgate chat: error: {error}", file=sys.stderr)
         return 2

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import grpc
-
 from dpgate.v1 import generate_pb2
 from gateway.chat_messages import ToolCall
-from gateway.client_results import DpgateError, Finish, Usage
+from gateway.client_results import Finish, StreamState, Usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,37 +71,19 @@ def chat_completion(response: generate_pb2.ChatResponse, rank: int | None) -> Ch
     )
 
 
-class ChatStreamState:
-    """The facts of one ChatStream so far, fed one message at a time by `take`."""
+class ChatStreamState(StreamState):
+    """The facts of one ChatStream so far: StreamState, with ChatDelta messages read as chat items."""
 
-    __slots__ = ("finish", "prompt_token_ids", "request_id")
+    __slots__ = ()
 
-    def __init__(self) -> None:
-        self.request_id: str | None = None
-        self.prompt_token_ids: tuple[int, ...] = ()
-        self.finish: Finish | None = None
-
-    def take(self, message: generate_pb2.ChatStreamResponse) -> ChatItem | None:
-        """Record `message`; return its item when it carries output (a markup-only delta carries none)."""
-        event = message.WhichOneof("event")
-        if event == "delta":
-            delta = message.delta
-            token_ids = tuple(delta.token_ids)
-            kind = delta.WhichOneof("kind")
-            if kind == "content":
-                return ContentDelta(delta.content, token_ids)
-            if kind == "reasoning_content":
-                return ReasoningDelta(delta.reasoning_content, token_ids)
-            if kind == "tool_call":
-                return ToolCallItem(ToolCall.from_message(delta.tool_call), token_ids)
-        elif event == "prompt_info":
-            self.request_id = message.prompt_info.request_id
-            self.prompt_token_ids = tuple(message.prompt_info.prompt_token_ids)
-        elif event == "finish":
-            self.finish = Finish.from_message(message.finish)
+    def _item(self, delta: generate_pb2.ChatDelta) -> ChatItem | None:
+        """A ChatDelta as its item, by kind; a markup-only delta (no kind) carries none."""
+        token_ids = tuple(delta.token_ids)
+        kind = delta.WhichOneof("kind")
+        if kind == "content":
+            return ContentDelta(delta.content, token_ids)
+        if kind == "reasoning_content":
+            return ReasoningDelta(delta.reasoning_content, token_ids)
+        if kind == "tool_call":
+            return ToolCallItem(ToolCall.from_message(delta.tool_call), token_ids)
         return None
-
-    def check_finished(self) -> None:
-        """Raise when the server closed the stream with OK but never sent its finish info."""
-        if self.finish is None:
-            raise DpgateError(grpc.StatusCode.INTERNAL, "the stream ended without finish info")

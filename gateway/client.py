@@ -132,14 +132,14 @@ class _Settings:
         }
 
 
-class DpgateClient:
-    """A blocking client over one channel; see the module docstring for an example.
+class _ClientBase:
+    """What both clients hold: the checked settings, one channel and the two stubs over it.
 
-    `rank` pins every call to a data-parallel rank (a call's own `rank` wins); `api_key` is sent as
-    `authorization: Bearer KEY`; `timeout` is the default deadline in seconds (None: none);
-    `tls` turns on TLS (`credentials` takes any other grpc.ChannelCredentials instead);
-    `wait_for_ready` makes calls wait for the channel instead of failing UNAVAILABLE at once.
+    `_channels` is the module that makes the channel, grpc (blocking) or grpc.aio; the stubs are
+    the same classes over either.
     """
+
+    _channels: Any = grpc
 
     def __init__(
         self,
@@ -160,13 +160,23 @@ class DpgateClient:
         options = self._settings.channel_options
         credentials = self._settings.credentials
         self.channel = (
-            grpc.secure_channel(address, credentials, options)
+            self._channels.secure_channel(address, credentials, options)
             if credentials is not None
-            else grpc.insecure_channel(address, options)
+            else self._channels.insecure_channel(address, options)
         )
         self.inference = generate_pb2_grpc.InferenceServiceStub(self.channel)
         self.control = control_pb2_grpc.ControlServiceStub(self.channel)
         self.metadata = call_metadata(self._settings.rank, self._settings.api_key)
+
+
+class DpgateClient(_ClientBase):
+    """A blocking client over one channel; see the module docstring for an example.
+
+    `rank` pins every call to a data-parallel rank (a call's own `rank` wins); `api_key` is sent as
+    `authorization: Bearer KEY`; `timeout` is the default deadline in seconds (None: none);
+    `tls` turns on TLS (`credentials` takes any other grpc.ChannelCredentials instead);
+    `wait_for_ready` makes calls wait for the channel instead of failing UNAVAILABLE at once.
+    """
 
     def __enter__(self) -> DpgateClient:
         return self
@@ -254,39 +264,14 @@ class DpgateClient:
             raise DpgateError.from_rpc_error(error) from None
 
 
-class AsyncDpgateClient:
+class AsyncDpgateClient(_ClientBase):
     """The asyncio client (grpc.aio): DpgateClient's arguments and calls, awaited.
 
     Create it inside the event loop that uses it; `stream` returns its stream at once (no await)
     so that `async for delta in client.stream(...)` reads naturally.
     """
 
-    def __init__(
-        self,
-        address: str,
-        *,
-        rank: int | None = None,
-        api_key: str | None = None,
-        timeout: float | None = None,
-        tls: TlsOptions | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-        channel_options: ChannelOptions = (),
-        wait_for_ready: bool = False,
-    ) -> None:
-        self._settings = _Settings(
-            address, rank=rank, api_key=api_key, timeout=timeout, tls=tls, credentials=credentials,
-            channel_options=channel_options, wait_for_ready=wait_for_ready,
-        )  # fmt: skip
-        options = self._settings.channel_options
-        credentials = self._settings.credentials
-        self.channel = (
-            aio.secure_channel(address, credentials, options)
-            if credentials is not None
-            else aio.insecure_channel(address, options)
-        )
-        self.inference = generate_pb2_grpc.InferenceServiceStub(self.channel)
-        self.control = control_pb2_grpc.ControlServiceStub(self.channel)
-        self.metadata = call_metadata(self._settings.rank, self._settings.api_key)
+    _channels = aio
 
     async def __aenter__(self) -> AsyncDpgateClient:
         return self

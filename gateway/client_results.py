@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -111,17 +112,21 @@ class StreamState:
         self.prompt_token_ids: tuple[int, ...] = ()
         self.finish: Finish | None = None
 
-    def take(self, message: generate_pb2.GenerateStreamResponse) -> TextDelta | None:
-        """Record `message`; return it as a TextDelta when it carries output, else None."""
+    def take(self, message: generate_pb2.GenerateStreamResponse | generate_pb2.ChatStreamResponse) -> Any:
+        """Record `message`; return its item (`_item` of its delta) when it carries output, else None."""
         event = message.WhichOneof("event")
         if event == "delta":
-            return TextDelta(message.delta.text, tuple(message.delta.token_ids), message.delta)
+            return self._item(message.delta)
         if event == "prompt_info":
             self.request_id = message.prompt_info.request_id
             self.prompt_token_ids = tuple(message.prompt_info.prompt_token_ids)
         elif event == "finish":
             self.finish = Finish.from_message(message.finish)
         return None
+
+    def _item(self, delta: generate_pb2.Delta) -> TextDelta | None:
+        """A delta message as the stream's item (a subclass reads other delta messages)."""
+        return TextDelta(delta.text, tuple(delta.token_ids), delta)
 
     def check_finished(self) -> None:
         """Raise when the server closed the stream with OK but never sent its finish info."""

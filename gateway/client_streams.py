@@ -18,20 +18,13 @@ from gateway.chat_results import ChatItem, ChatStreamState
 from gateway.client_options import serving_rank
 from gateway.client_results import DpgateError, Finish, StreamState, TextDelta
 
-# Either state: both take one message and return an item or None, and keep finish/request_id.
-State = StreamState | ChatStreamState
 
+class _StreamReader:
+    """What both readers keep: the call, the state its messages are folded into, and how it ended."""
 
-class TokenStream:
-    """A GenerateStream being read: iterate for TextDelta; then `finish`, `rank` and `request_id` are set.
-
-    Use it as a context manager (or call `cancel`) to stop a stream early: the server then frees
-    the request. A failure, before or after the first delta, raises DpgateError from the iteration.
-    """
-
-    def __init__(self, call: Any, state: State | None = None) -> None:
+    def __init__(self, call: Any, state: StreamState | None = None) -> None:
         self._call = call
-        self._state: State = StreamState() if state is None else state
+        self._state: StreamState = StreamState() if state is None else state
         self._is_done = False
         self.rank: int | None = None
 
@@ -46,6 +39,19 @@ class TokenStream:
     @property
     def prompt_token_ids(self) -> tuple[int, ...]:
         return self._state.prompt_token_ids
+
+    def cancel(self) -> None:
+        """Stop the stream; the server then frees the request."""
+        self._is_done = True
+        self._call.cancel()
+
+
+class TokenStream(_StreamReader):
+    """A GenerateStream being read: iterate for TextDelta; then `finish`, `rank` and `request_id` are set.
+
+    Use it as a context manager (or call `cancel`) to stop a stream early: the server then frees
+    the request. A failure, before or after the first delta, raises DpgateError from the iteration.
+    """
 
     def __iter__(self) -> TokenStream:
         return self
@@ -70,10 +76,6 @@ class TokenStream:
             self.rank = serving_rank(self._call.trailing_metadata())
             self._state.check_finished()
 
-    def cancel(self) -> None:
-        self._is_done = True
-        self._call.cancel()
-
     def __enter__(self) -> TokenStream:
         return self
 
@@ -82,26 +84,8 @@ class TokenStream:
             self.cancel()
 
 
-class AsyncTokenStream:
+class AsyncTokenStream(_StreamReader):
     """The asyncio TokenStream: `async for delta in stream`, then `finish`, `rank` and `request_id`."""
-
-    def __init__(self, call: aio.UnaryStreamCall, state: State | None = None) -> None:
-        self._call = call
-        self._state: State = StreamState() if state is None else state
-        self._is_done = False
-        self.rank: int | None = None
-
-    @property
-    def finish(self) -> Finish | None:
-        return self._state.finish
-
-    @property
-    def request_id(self) -> str | None:
-        return self._state.request_id
-
-    @property
-    def prompt_token_ids(self) -> tuple[int, ...]:
-        return self._state.prompt_token_ids
 
     def __aiter__(self) -> AsyncTokenStream:
         return self
@@ -125,10 +109,6 @@ class AsyncTokenStream:
             self._is_done = True
             self.rank = serving_rank(tuple(await self._call.trailing_metadata() or ()))
             self._state.check_finished()
-
-    def cancel(self) -> None:
-        self._is_done = True
-        self._call.cancel()
 
     async def __aenter__(self) -> AsyncTokenStream:
         return self

@@ -10,21 +10,13 @@ exits 1 with the single line `dpgate generate: CODE: message`.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
-from pathlib import Path
 
-from gateway.client import DpgateClient, DpgateError, GenerationOptions, TlsOptions
-from gateway.client_options import MAX_RANK
+from gateway.client import DpgateClient, DpgateError, GenerationOptions
+from gateway.connection_flags import FlagError, add_connection_arguments, client_from_args
 from gateway.generate_status import GenerationClock, TerminalStatus, shares_terminal
-
-API_KEY_ENV = "DPGATE_API_KEY"
-
-
-class FlagError(Exception):
-    """A flag value the command refuses before connecting; the message is the one sentence shown."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,64 +30,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--seed", type=int, default=None)
     add("--stop", action="append", default=[], help="stop string (repeatable)")
     add("--ignore-eos", action="store_true")
-    add("--rank", default=None, help="pin the call to this data-parallel rank (metadata x-data-parallel-rank)")
-    add("--timeout", type=float, default=None, help="deadline of the whole call in seconds (default: none)")
-    add("--api-key", default=None, help=f"sent as `authorization: Bearer KEY` (default: ${API_KEY_ENV})")
-    add("--tls", action="store_true", help="connect with TLS, trusting the system's roots")
-    add("--tls-ca", help="PEM CA bundle that signed the server's certificate (implies --tls)")
-    add("--tls-cert", help="PEM client certificate for mutual TLS (implies --tls; needs --tls-key)")
-    add("--tls-key", help="PEM private key of --tls-cert")
-    add("--tls-server-name", help="name the server's certificate must carry, if not the address's host (implies --tls)")
+    add_connection_arguments(
+        parser,
+        rank_help="pin the call to this data-parallel rank (metadata x-data-parallel-rank)",
+        timeout_help="deadline of the whole call in seconds (default: none)",
+    )
     add("--no-status", action="store_true", help="no status line on the terminal")
     add("--verbose", action="store_true", help="without a status line: print the finish reason and token counts")
-
-
-def _rank(value: str | None) -> int | None:
-    if value is None:
-        return None
-    text = value.strip()
-    if not text.isascii() or not text.isdigit() or int(text) > MAX_RANK:
-        raise FlagError(f"--rank must be an unsigned 32-bit integer (0..{MAX_RANK}), got {value!r}.")
-    return int(text)
-
-
-def _timeout(value: float | None) -> float | None:
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise FlagError(f"--timeout must be a number of seconds above 0, got {value}.")
-    return value
-
-
-def _api_key(value: str | None) -> str | None:
-    flag = "--api-key"
-    if value is None:
-        value, flag = os.environ.get(API_KEY_ENV) or None, f"${API_KEY_ENV}"
-    if value is not None and (not value.isascii() or not value.isprintable() or " " in value):
-        raise FlagError(f"{flag} must be printable ASCII without spaces.")
-    return value
-
-
-def _read(path: str | None, flag: str) -> bytes | None:
-    if path is None:
-        return None
-    try:
-        return Path(path).read_bytes()
-    except OSError as error:
-        raise FlagError(f"{flag} {path!r} is not a readable file ({error.strerror}).") from None
-
-
-def _tls(args: argparse.Namespace) -> TlsOptions | None:
-    if (args.tls_cert is None) != (args.tls_key is None):
-        raise FlagError("--tls-cert and --tls-key must be given together.")
-    if args.tls_server_name is not None and not args.tls_server_name.strip():
-        raise FlagError("--tls-server-name must not be empty.")
-    if not (args.tls or args.tls_ca or args.tls_cert or args.tls_server_name):
-        return None
-    return TlsOptions(
-        root_certificates=_read(args.tls_ca, "--tls-ca"),
-        certificate_chain=_read(args.tls_cert, "--tls-cert"),
-        private_key=_read(args.tls_key, "--tls-key"),
-        server_name=args.tls_server_name,
-    )
 
 
 def _options(args: argparse.Namespace) -> GenerationOptions:
@@ -109,15 +50,6 @@ def _options(args: argparse.Namespace) -> GenerationOptions:
         stop=args.stop,
         ignore_eos=args.ignore_eos,
     )
-
-
-def _client(args: argparse.Namespace) -> DpgateClient:
-    if not args.address.strip():
-        raise FlagError("--address must be HOST:PORT, got an empty string.")
-    return DpgateClient(
-        args.address, rank=_rank(args.rank), api_key=_api_key(args.api_key), timeout=_timeout(args.timeout),
-        tls=_tls(args),
-    )  # fmt: skip
 
 
 def _status(args: argparse.Namespace) -> TerminalStatus | None:
@@ -167,7 +99,7 @@ def _print_stream(client: DpgateClient, args: argparse.Namespace, status: Termin
 
 def run(args: argparse.Namespace) -> int:
     try:
-        client = _client(args)
+        client = client_from_args(args)
     except FlagError as error:
         print(f"dpgate generate: error: {error}", file=sys.stderr)
         return 2

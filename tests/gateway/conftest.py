@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.processes import FAST_HEALTH, EngineProcess, GatewayProcess
+from tests.gateway.processes import FAST_HEALTH, EngineProcess, GatewayProcess, all_serving
 
 
 @pytest.fixture(scope="session")
@@ -17,16 +17,8 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def engines(tiny_model_dir: Path, log_dir: Path):
     """Ranks 0 and 1 of a DP-2 deployment, real `dpgate engine` processes on the tiny model."""
-    pair = [EngineProcess(tiny_model_dir, rank, 2, log_dir) for rank in (0, 1)]
-    try:
-        for engine in pair:
-            engine.start()
-        for engine in pair:
-            engine.wait_serving()
+    with all_serving([EngineProcess(tiny_model_dir, rank, 2, log_dir) for rank in (0, 1)]) as pair:
         yield pair
-    finally:
-        for engine in pair:
-            engine.stop()
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,13 @@ import pytest
 
 from engines.model_source import DEFAULT_MODEL
 from gateway.client import DpgateClient, DpgateError, TlsOptions
-from tests.gateway.processes import FAST_HEALTH, EngineProcess, GatewayProcess, SyntheticEngineProcess
+from tests.gateway.processes import (
+    FAST_HEALTH,
+    EngineProcess,
+    GatewayProcess,
+    SyntheticEngineProcess,
+    all_serving,
+)
 from tests.gateway.tls_files import CertPair, make_ca, make_signed
 
 TOKEN_DELAY_S = 0.01
@@ -30,15 +36,8 @@ SERVER_NAME = "gateway.dpgate.test"
 @pytest.fixture(scope="session")
 def synthetic_pair(log_dir: Path) -> Iterator[list[SyntheticEngineProcess]]:
     pair = [SyntheticEngineProcess(rank, 2, log_dir, "--token-delay", str(TOKEN_DELAY_S)) for rank in (0, 1)]
-    try:
-        for engine in pair:
-            engine.start()
-        for engine in pair:
-            engine.wait_serving()
+    with all_serving(pair):
         yield pair
-    finally:
-        for engine in pair:
-            engine.stop()
 
 
 def _gateway(engines: list[SyntheticEngineProcess], log_dir: Path, name: str, *flags: str) -> GatewayProcess:
