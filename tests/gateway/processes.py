@@ -230,7 +230,6 @@ class GatewayProcess:
 
 
 @contextlib.contextmanager
-@contextlib.contextmanager
 def all_serving(processes: list[EngineProcess]) -> Iterator[list[EngineProcess]]:
     """Start every engine first (so they load side by side), then wait for each to serve; stop
     them all on the way out, also when one never came up."""
@@ -245,6 +244,7 @@ def all_serving(processes: list[EngineProcess]) -> Iterator[list[EngineProcess]]
             process.stop()
 
 
+@contextlib.contextmanager
 def running_synthetic_engine(log_dir: Path, *flags: str) -> Iterator[SyntheticEngineProcess]:
     """A serving synthetic engine (rank 0 of 1), stopped on exit."""
     engine = SyntheticEngineProcess(0, 1, log_dir, *flags)
