@@ -49,12 +49,16 @@ class Target:
 
     `gateway` is HOST:PORT as the runner reaches it (127.0.0.1 locally, the gateway host's address
     with netns hosts); `engines[i]` is DP rank i's HOST:PORT; `deadline` is a time.monotonic() value
-    by which the workload must have returned (it checks it; the runner also enforces it)."""
+    by which the workload must have returned (it checks it; the runner also enforces it);
+    `processes` maps each host name ("gateway", "engine-0", ...) to the PID of its main process
+    (for memory figures from /proc); `hosts` is the placement, for workloads that cut a link."""
 
     gateway: str
     engines: tuple[str, ...]
     topology: Topology
     deadline: float
+    processes: dict[str, int] = field(default_factory=dict)
+    hosts: Hosts | None = None
     health_interval_s: float = 1.0
     log: Callable[[str], None] = print
 
