@@ -184,11 +184,15 @@ class EnginePool:
             is_serving = await engine.check_serving(timeout)
             if is_serving:
                 await engine.refresh_load(timeout)
-        except grpc.aio.AioRpcError:
+        except grpc.aio.AioRpcError as error:
             self._probe_failed(engine)
-            # Only a channel without a connection is replaced: one that is connected may still
-            # carry calls (an engine draining answers probes with UNAVAILABLE but finishes them).
-            if engine.channel.get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            # A channel without a connection is replaced, and so is one whose probes time out while
+            # the engine is unhealthy: its connection may be silent (a host cut off sends no RST),
+            # and TCP's retransmission backoff would keep it dead long after the link returns. A
+            # connected channel whose engine answers is kept: it may still carry calls (an engine
+            # draining answers probes with UNAVAILABLE but finishes them).
+            is_silent = error.code() is grpc.StatusCode.DEADLINE_EXCEEDED and not engine.health.is_healthy
+            if is_silent or engine.channel.get_state() is grpc.ChannelConnectivity.TRANSIENT_FAILURE:
                 engine.reconnect()
             return
         self._probe_succeeded(engine, is_serving)
@@ -229,6 +233,8 @@ class EnginePool:
                 logger.info("%s is not reachable yet", _name(engine))
             else:
                 logger.warning("%s is unhealthy", _name(engine))
+                # Its calls in flight end now if their connection is silent, not at their deadline.
+                engine.link.check_alive(self._config.health_timeout_s)
             self._publish_health(engine)
 
     def _probe_succeeded(self, engine: EngineClient, is_serving: bool) -> None:

@@ -5,11 +5,18 @@ SETTINGS_MAX_CONCURRENT_STREAMS is reached or a connection has been told GOAWAY.
 lazy: the first call after start or after a connection was lost waits for the TCP handshake;
 a refused connection fails that call (the health watcher, not the data path, decides when an
 engine is out of rotation).
+
+A link that goes silent (a host cut off, a dead switch port: no RST, no FIN) would hold its calls
+until the client's deadline, since the gateway sends nothing upstream while it waits. When the
+watcher finds the engine unhealthy it calls `check_alive`: each connection gets one PING, and one
+that is not answered within the probe timeout is dropped, which ends its calls as a lost
+connection. A connection that answers (a draining engine finishing its calls) is kept.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Protocol
 
 from gateway.grpc_wire import format_timeout
@@ -17,6 +24,8 @@ from gateway.http2.connection import Headers, Http2Connection, Stream
 from gateway.http2.header_codec import encode_block, encode_field, encode_literal
 
 _MAX_STREAM_ID = 2**31 - 1
+_LIVENESS_PING = b"dpgalive"
+logger = logging.getLogger("dpgate.gateway.engines")
 
 
 class UpstreamListener(Protocol):
@@ -67,10 +76,37 @@ class UpstreamConnection(Http2Connection):
         super().__init__()
         self._link = link
         self._next_stream_id = 1
+        self._liveness: asyncio.TimerHandle | None = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._link.forget(self)
+        if self._liveness is not None:
+            self._liveness.cancel()
+            self._liveness = None
         super().connection_lost(exc)
+
+    def check_alive(self, timeout: float) -> None:
+        """PING the engine; drop the connection unless the ack comes within `timeout` seconds."""
+        if self.is_closed or self._liveness is not None:
+            return
+        self.send_ping(_LIVENESS_PING)
+        self._liveness = self._loop.call_later(timeout, self._not_alive, timeout)
+
+    def on_ping_ack(self, payload: bytes) -> None:
+        if self._liveness is not None:
+            self._liveness.cancel()
+            self._liveness = None
+
+    def _not_alive(self, timeout: float) -> None:
+        self._liveness = None
+        if self.is_closed or self.transport is None:
+            return
+        link = self._link
+        logger.warning("engine %s:%s did not answer a PING within %s s: dropping its connection and %d calls",
+                       link.host, link.port, timeout, len(self.streams))  # fmt: skip
+        # abort, not close: a GOAWAY cannot leave over a silent link, and close would wait for it
+        self.is_closed = True
+        self.transport.abort()
 
     @property
     def can_open_stream(self) -> bool:
@@ -146,6 +182,11 @@ class UpstreamLink:
         _, connection = await loop.create_connection(lambda: UpstreamConnection(self), host, self.port)
         self._connections.append(connection)
         return connection
+
+    def check_alive(self, timeout: float) -> None:
+        """Ping every connection; each one silent for `timeout` seconds is dropped with its calls."""
+        for connection in list(self._connections):
+            connection.check_alive(timeout)
 
     def forget(self, connection: UpstreamConnection) -> None:
         if connection in self._connections:
