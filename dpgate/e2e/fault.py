@@ -128,105 +128,154 @@ class _UnpinnedLoop:
         self._thread.join()
 
 
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The seconds each check allows, from the gateway's health flags (see the module docstring)."""
+
+    detect_s: float
+    recover_s: float
+
+    @classmethod
+    def of(cls, interval: float, plan: FaultPlan) -> Bounds:
+        timeout = plan.health_timeout_s if plan.health_timeout_s is not None else interval
+        return cls(
+            detect_s=plan.failure_threshold * (interval + timeout) + timeout + plan.slack_s,
+            recover_s=timeout + plan.success_threshold * interval + plan.neighbour_retry_s + plan.slack_s,
+        )
+
+
+class _FaultRun:
+    """One run of the stage: its streams, figures and failures, one method per check."""
+
+    def __init__(
+        self,
+        target: Target,
+        plan: FaultPlan,
+        stub: generate_pb2_grpc.InferenceServiceStub,
+        unary_stub: generate_pb2_grpc.InferenceServiceStub,
+    ) -> None:
+        self.target, self.plan = target, plan
+        self.bounds = Bounds.of(target.health_interval_s, plan)
+        self.victim = len(target.engines) - 1
+        self.pin = ((RANK_KEY, str(self.victim)),)
+        self.stub, self.unary_stub = stub, unary_stub
+        self.figures: dict[str, object] = {
+            "victim_rank": self.victim,
+            "detect_bound_s": round(self.bounds.detect_s, 3),
+            "recover_bound_s": round(self.bounds.recover_s, 3),
+        }
+        self.failures: list[str] = []
+        self.streams = [_Stream(pinned=False) for _ in range(plan.num_unpinned)]
+        self.streams += [_Stream(pinned=True) for _ in range(plan.num_pinned)]
+        self.threads: list[threading.Thread] = []
+
+    def start_streams(self) -> bool:
+        """Unpinned streams first (they spread over the ranks), then the pinned ones; True once all have a token."""
+        left = max(1.0, self.target.deadline - time.monotonic())
+        for state in self.streams:
+            metadata = self.pin if state.pinned else ()
+            args = (self.stub, state, metadata, left, self.plan.stream_tokens)
+            self.threads.append(threading.Thread(target=_stream, args=args, daemon=True))
+            self.threads[-1].start()
+        return all(s.started.wait(max(0.0, self.target.deadline - time.monotonic())) for s in self.streams)
+
+    def check_streams_end(self, cut_at: float) -> None:
+        """Rule 1: every stream on the victim ends, with INTERNAL, within the detection bound."""
+        pinned = [s for s in self.streams if s.pinned]
+        wait_until = cut_at + 2 * self.bounds.detect_s
+        for state in pinned:
+            state.ended.wait(max(0.0, wait_until - time.monotonic()))
+        if not all(s.ended.is_set() for s in pinned):
+            self.failures.append(
+                f"the victim's pinned streams were still open {2 * self.bounds.detect_s:.1f} s after the cut"
+            )
+            return
+        ended = [s for s in self.streams if s.ended.is_set() and s.rank == self.victim]
+        end_s = max(s.ended_at for s in ended) - cut_at
+        codes = sorted({s.code.name for s in ended if s.code is not None})
+        self.figures.update(streams_ended_s=round(end_s, 3), victim_streams=len(ended), victim_stream_codes=codes)
+        if end_s > self.bounds.detect_s:
+            self.failures.append(
+                f"the victim's streams ended {end_s:.2f} s after the cut, over {self.bounds.detect_s:.2f} s"
+            )
+        if any(s.code is not grpc.StatusCode.INTERNAL for s in ended):
+            self.failures.append(f"the victim's streams ended with {codes}, not INTERNAL")
+
+    def check_pinned_unavailable(self) -> None:
+        """Rule 3: a call pinned to the victim during the cut is refused with UNAVAILABLE."""
+        started = time.monotonic()
+        code, _ = _unary(self.unary_stub, self.pin, self.bounds.detect_s + 5)
+        self.figures.update(pinned_during_cut=code.name, pinned_during_cut_s=round(time.monotonic() - started, 3))
+        if code is not grpc.StatusCode.UNAVAILABLE:
+            self.failures.append(f"a call pinned to rank {self.victim} during the cut got {code.name}, not UNAVAILABLE")
+
+    def check_unpinned_succeeded(self, outcomes: list[tuple[grpc.StatusCode, int | None]]) -> None:
+        """Rule 2: every unpinned call made during the cut succeeded on another rank."""
+        succeeded = [o for o in outcomes if o[0] is grpc.StatusCode.OK and o[1] != self.victim]
+        self.figures.update(unpinned_calls_during_cut=len(outcomes), unpinned_succeeded_during_cut=len(succeeded))
+        if not outcomes or len(succeeded) != len(outcomes):
+            bad = sorted({f"{code.name}@{rank}" for code, rank in outcomes if (code, rank) not in succeeded})
+            self.failures.append(f"{len(outcomes) - len(succeeded)} of {len(outcomes)} unpinned calls during the cut "
+                                 f"did not succeed on another rank: {bad}")  # fmt: skip
+
+    def check_serves_again(self, healed_at: float) -> None:
+        """Rule 4: a call pinned to the victim succeeds within the recovery bound of the heal."""
+        bound = self.bounds.recover_s
+        while time.monotonic() < healed_at + 2 * bound:
+            if _unary(self.unary_stub, self.pin, 1.0)[0] is grpc.StatusCode.OK:
+                served_s = time.monotonic() - healed_at
+                self.figures["serve_again_s"] = round(served_s, 3)
+                if served_s > bound:
+                    self.failures.append(
+                        f"rank {self.victim} served again {served_s:.2f} s after heal, over {bound:.2f} s"
+                    )
+                return
+            time.sleep(_POLL_S)
+        self.failures.append(f"rank {self.victim} did not serve {2 * bound:.1f} s after heal")
+
+    def check_others_ok(self) -> None:
+        """Rule 5: the streams the other ranks served all end OK."""
+        for thread in self.threads:
+            thread.join(max(0.0, self.target.deadline - time.monotonic()))
+        others = [s for s in self.streams if not s.pinned and s.rank != self.victim]
+        self.figures["other_streams"] = len(others)
+        if any(not s.ended.is_set() or s.code is not grpc.StatusCode.OK for s in others):
+            codes = sorted({s.code.name if s.code else "open" for s in others})
+            self.failures.append(f"streams on the other ranks did not all end OK: {codes}")
+
+
 def run(target: Target, plan: FaultPlan | None = None) -> GateResult:
     """Cut the last rank's host during streaming, check the five rules above, heal it."""
     plan = plan or FaultPlan()
     hosts = target.hosts
     if hosts is None or len(target.engines) < 2:
         return GateResult("fault", False, detail="the fault stage needs netns hosts (cut/heal) and DP >= 2")
-    interval = target.health_interval_s
-    timeout = plan.health_timeout_s if plan.health_timeout_s is not None else interval
-    detect_bound = plan.failure_threshold * (interval + timeout) + timeout + plan.slack_s
-    recover_bound = timeout + plan.success_threshold * interval + plan.neighbour_retry_s + plan.slack_s
-    victim = len(target.engines) - 1
-    victim_host = f"engine-{victim}"
-    pin = ((RANK_KEY, str(victim)),)
-    figures: dict[str, object] = {"victim_rank": victim, "detect_bound_s": round(detect_bound, 3),
-                                  "recover_bound_s": round(recover_bound, 3)}  # fmt: skip
-    failures: list[str] = []
     with grpc.insecure_channel(target.gateway) as channel, grpc.insecure_channel(target.gateway) as unary_channel:
-        stub = generate_pb2_grpc.InferenceServiceStub(channel)
-        unary_stub = generate_pb2_grpc.InferenceServiceStub(unary_channel)
-        code, _ = _unary(unary_stub, pin, 30)
+        stage = _FaultRun(target, plan, generate_pb2_grpc.InferenceServiceStub(channel),
+                          generate_pb2_grpc.InferenceServiceStub(unary_channel))  # fmt: skip
+        victim_host = f"engine-{stage.victim}"
+        code, _ = _unary(stage.unary_stub, stage.pin, 30)
         if code is not grpc.StatusCode.OK:
-            return GateResult("fault", False, figures, f"rank {victim} did not serve before the cut: {code.name}")
-        streams = [_Stream(pinned=False) for _ in range(plan.num_unpinned)]
-        streams += [_Stream(pinned=True) for _ in range(plan.num_pinned)]
-        left = max(1.0, target.deadline - time.monotonic())
-        threads = [
-            threading.Thread(
-                target=_stream, args=(stub, s, pin if s.pinned else (), left, plan.stream_tokens), daemon=True
+            return GateResult(
+                "fault", False, stage.figures, f"rank {stage.victim} did not serve before the cut: {code.name}"
             )
-            for s in streams
-        ]
-        for thread in threads:
-            thread.start()
-        if not all(s.started.wait(max(0.0, target.deadline - time.monotonic())) for s in streams):
-            return GateResult("fault", False, figures, "not every stream had a token before the deadline")
-        target.log(f"fault: {len(streams)} streams in flight; cutting {victim_host}")
+        if not stage.start_streams():
+            return GateResult("fault", False, stage.figures, "not every stream had a token before the deadline")
+        target.log(f"fault: {len(stage.streams)} streams in flight; cutting {victim_host}")
         cut_at = time.monotonic()
         hosts.cut(victim_host)
-        healed = False
         try:
-            loop = _UnpinnedLoop(unary_stub, detect_bound + 5)
-            pinned = [s for s in streams if s.pinned]
-            wait_until = cut_at + 2 * detect_bound
-            for s in pinned:
-                s.ended.wait(max(0.0, wait_until - time.monotonic()))
-            ended = [s for s in streams if s.ended.is_set() and s.rank == victim]
-            if not all(s.ended.is_set() for s in pinned):
-                failures.append(f"the victim's pinned streams were still open {2 * detect_bound:.1f} s after the cut")
-            else:
-                end_s = max(s.ended_at for s in ended) - cut_at
-                figures["streams_ended_s"] = round(end_s, 3)
-                figures["victim_streams"] = len(ended)
-                figures["victim_stream_codes"] = sorted({s.code.name for s in ended if s.code is not None})
-                if end_s > detect_bound:
-                    failures.append(
-                        f"the victim's streams ended {end_s:.2f} s after the cut, over {detect_bound:.2f} s"
-                    )
-                if any(s.code is not grpc.StatusCode.INTERNAL for s in ended):
-                    failures.append(f"the victim's streams ended with {figures['victim_stream_codes']}, not INTERNAL")
-            started = time.monotonic()
-            code, _ = _unary(unary_stub, pin, detect_bound + 5)
-            figures["pinned_during_cut"] = code.name
-            figures["pinned_during_cut_s"] = round(time.monotonic() - started, 3)
-            if code is not grpc.StatusCode.UNAVAILABLE:
-                failures.append(f"a call pinned to rank {victim} during the cut got {code.name}, not UNAVAILABLE")
-            time.sleep(plan.hold_s)
-            loop.stop()
-            succeeded = [o for o in loop.outcomes if o[0] is grpc.StatusCode.OK and o[1] != victim]
-            figures["unpinned_calls_during_cut"] = len(loop.outcomes)
-            figures["unpinned_succeeded_during_cut"] = len(succeeded)
-            if not loop.outcomes or len(succeeded) != len(loop.outcomes):
-                bad = sorted({f"{c.name}@{r}" for c, r in loop.outcomes if (c, r) not in succeeded})
-                failures.append(f"{len(loop.outcomes) - len(succeeded)} of {len(loop.outcomes)} unpinned calls "
-                                f"during the cut did not succeed on another rank: {bad}")  # fmt: skip
+            loop = _UnpinnedLoop(stage.unary_stub, stage.bounds.detect_s + 5)
+            try:
+                stage.check_streams_end(cut_at)
+                stage.check_pinned_unavailable()
+                time.sleep(plan.hold_s)
+            finally:
+                loop.stop()
+            stage.check_unpinned_succeeded(loop.outcomes)
+        finally:
             target.log(f"fault: healing {victim_host}")
             hosts.heal(victim_host)
-            healed = True
-            healed_at = time.monotonic()
-            served_at = None
-            while time.monotonic() < healed_at + 2 * recover_bound:
-                if _unary(unary_stub, pin, 1.0)[0] is grpc.StatusCode.OK:
-                    served_at = time.monotonic()
-                    break
-                time.sleep(_POLL_S)
-            if served_at is None:
-                failures.append(f"rank {victim} did not serve {2 * recover_bound:.1f} s after heal")
-            else:
-                figures["serve_again_s"] = round(served_at - healed_at, 3)
-                if served_at - healed_at > recover_bound:
-                    failures.append(f"rank {victim} served again {served_at - healed_at:.2f} s after heal, "
-                                    f"over {recover_bound:.2f} s")  # fmt: skip
-        finally:
-            if not healed:
-                hosts.heal(victim_host)
-        for thread in threads:
-            thread.join(max(0.0, target.deadline - time.monotonic()))
-        others = [s for s in streams if not s.pinned and s.rank != victim]
-        figures["other_streams"] = len(others)
-        if any(not s.ended.is_set() or s.code is not grpc.StatusCode.OK for s in others):
-            codes = sorted({s.code.name if s.code else "open" for s in others})
-            failures.append(f"streams on the other ranks did not all end OK: {codes}")
-    return GateResult("fault", not failures, figures, "; ".join(failures))
+        stage.check_serves_again(time.monotonic())
+        stage.check_others_ok()
+    return GateResult("fault", not stage.failures, stage.figures, "; ".join(stage.failures))

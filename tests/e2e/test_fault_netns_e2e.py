@@ -31,13 +31,14 @@ def _env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def _started(argv: list[str], log: Path, marker: str) -> Iterator[subprocess.Popen]:
-    """A process that printed `marker`; stopped by its PID on the way out."""
+def _started(argv: list[str], log: Path, marker: str) -> Iterator[str]:
+    """Run `argv` until it prints `marker`; yields that line and stops the process by its PID on the way out.
+
+    `ip netns exec` execs the command, so the PID is the server's own and SIGTERM reaches it."""
     with open(log, "a") as stderr:
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, text=True, env=_env(), cwd=ROOT)
     try:
-        read_line(process, marker, timeout=30)
-        yield process
+        yield read_line(process, marker, timeout=30)
     finally:
         process.terminate()
         try:
@@ -74,12 +75,7 @@ def test_a_cut_engine_host_ends_its_streams_and_serves_again_after_heal(tmp_path
                     "--failure-threshold", str(FAILURES), *QUICK_DRAIN,
                     *(flag for engine in engines for flag in ("--engine", engine))]  # fmt: skip
             log = tmp_path / "gateway.log"
-            with open(log, "a") as stderr:
-                process = subprocess.Popen(
-                    hosts.command("gateway", argv), stdout=subprocess.PIPE, stderr=stderr, text=True, env=_env()
-                )
-            stack.callback(_stop, process)
-            line = read_line(process, "listening on", timeout=30)
+            line = stack.enter_context(_started(hosts.command("gateway", argv), log, "listening on"))
             gateway = line.split("listening on ", 1)[1].split()[0].rstrip(",")
             wait_ranks(gateway, [0, 1])
             target = Target(
@@ -99,14 +95,3 @@ def test_a_cut_engine_host_ends_its_streams_and_serves_again_after_heal(tmp_path
     finally:
         hosts.teardown()
     assert ip_names() == before
-
-
-def _stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-    if process.stdout is not None:
-        process.stdout.close()
