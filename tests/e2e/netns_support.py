@@ -9,9 +9,28 @@ from collections.abc import Iterator
 
 import pytest
 
+from dpgate.e2e.contracts import HostsUnavailable
 from dpgate.e2e.netns import NetnsHosts, unavailable_reason
 
-needs_netns = pytest.mark.skipif(unavailable_reason() is not None, reason=unavailable_reason() or "")
+
+def _probe() -> str | None:
+    """Why netns hosts cannot be made here: not root, no `ip`, or (root in a container without
+    CAP_NET_ADMIN/CAP_SYS_ADMIN) the kernel refusing; None when one host can be made and removed."""
+    reason = unavailable_reason()
+    if reason is not None:
+        return reason
+    hosts = NetnsHosts()
+    try:
+        hosts.setup(["probe"])
+    except HostsUnavailable as error:
+        return str(error)
+    finally:
+        hosts.teardown()
+    return None
+
+
+_REASON = _probe()
+needs_netns = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 # Answers each connection with the address it came from, then echoes what it is sent.
 _ECHO_SERVER = """
