@@ -116,8 +116,9 @@ class NetnsHosts:
         return self._host(name).namespace
 
     def command(self, name: str, argv: list[str]) -> list[str]:
-        assert self._ip is not None  # setup checked it, and _host() checks setup ran
-        return [self._ip, "netns", "exec", self._host(name).namespace, *argv]
+        host = self._host(name)
+        assert self._ip is not None  # a host exists, so setup found `ip`
+        return [self._ip, "netns", "exec", host.namespace, *argv]
 
     def cut(self, name: str) -> None:
         self._run("link", "set", self._host(name).outer, "down")
