@@ -135,7 +135,8 @@ def settings_list(args: argparse.Namespace, run_dir: Path) -> list[RunSettings]:
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    """SIGTERM (a scheduler's stop) ends the run like Ctrl-C: children stopped, sentinel written."""
+    """SIGTERM (a scheduler's stop) ends the run like Ctrl-C: children stopped, sentinel written.
+    SIGINT is handled here too, also where it was inherited as ignored (a background job)."""
     raise KeyboardInterrupt
 
 
@@ -152,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or Path(tempfile.gettempdir()) / f"dpgate-e2e-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     result = args.result or run_dir / "result.json"
     log(f"run dir {run_dir}, sentinel {result}")
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {signum: signal.signal(signum, _interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
     records: list[RunRecord] = []
     try:
         for settings in settings_list(args, run_dir):
@@ -162,10 +163,11 @@ def run(args: argparse.Namespace) -> int:
             if records[-1].interrupted:
                 break
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     document = sentinel(records, args.matrix)
     write_sentinel(result, document)
     print(table(records), flush=True)
-    failure = f" ({document['failure_class']}): {document['detail']}" if document["detail"] else ""
+    failure = f" ({document['failure_class'] or 'interrupted'}): {document['detail']}" if document["detail"] else ""
     log(f"verdict {document['verdict']}{failure}")
     return exit_status(records)

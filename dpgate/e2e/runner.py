@@ -87,7 +87,9 @@ def run_topology(settings: RunSettings, log: Callable[[str], None] = print, dry_
         workload_budget = budgets.workload_s * max(1, len(settings.workloads))
         stages.run("workload", workload_budget, run.workloads(record), FailureClass.WORKLOAD_TIMEOUT)
         stages.run("verdict", VERDICT_BUDGET_S, run.verdict, FailureClass.INFRA)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # in a stage (which recorded it) or between two
+        record.interrupted = True
+        record.detail = record.detail or "interrupted by a signal between stages"
         log(f"interrupted: stopping {len(run.children)} children")
     finally:
         _clean_up(run, record)

@@ -4,10 +4,16 @@ and --dry-run prints the plan and launches nothing."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 from dpgate.e2e.matrix import CI_TOPOLOGY
-from tests.e2e.support import process_gone, run_e2e
+from dpgate.e2e.verdict import EXIT_INTERRUPTED
+from tests.e2e.support import ROOT, E2ERun, process_gone, run_e2e
 
 
 def test_the_ci_topology_passes_end_to_end(tmp_path: Path) -> None:
@@ -46,3 +52,27 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     assert "bring-up 77s" in run.stdout
     assert run.logs() == []  # no child was started
     assert [stage["status"] for stage in run.sentinel["stages"]] == ["passed"] + ["skipped"] * 4
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_every_child_and_still_writes_the_sentinel(
+    tmp_path: Path, tiny_model_dir: Path, signum: int
+) -> None:
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "dpgate", "e2e", "--run-dir", str(run_dir), "--dp", "2",
+               "--model", str(tiny_model_dir)]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    runner = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    assert runner.stdout is not None
+    for line in runner.stdout:  # the engines are starting: interrupt the bring-up
+        if "stage launch: passed" in line:
+            break
+    runner.send_signal(signum)
+    rest = runner.stdout.read()
+    assert runner.wait(60) == EXIT_INTERRUPTED, rest
+    run = E2ERun(runner.returncode, "", "", run_dir, run_dir / "result.json")
+    sentinel = run.sentinel
+    assert (sentinel["verdict"], sentinel["failure_class"], sentinel["exit_status"]) == ("fail", None, 130)
+    assert "interrupted by a signal" in sentinel["detail"]  # in bring-up, or just before it
+    assert run.stage("launch")["status"] == "passed" and "workload" not in [s["name"] for s in sentinel["stages"]]
+    assert all(process_gone(pid) for pid in run.launched_pids())
