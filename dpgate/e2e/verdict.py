@@ -102,8 +102,11 @@ def exit_status(records: list[RunRecord]) -> int:
     return EXIT_PASS
 
 
-def sentinel(records: list[RunRecord], matrix: str | None) -> dict[str, Any]:
-    """The sentinel document: one run's record at the top level, or a matrix's runs under "runs"."""
+def sentinel(
+    records: list[RunRecord], matrix: str | None, left_out: list[dict[str, str]] | None = None
+) -> dict[str, Any]:
+    """The sentinel document: one run's record at the top level, or a matrix's runs under "runs"
+    (and under "left_out" the topologies its model cannot split, with the reason)."""
     if matrix is None and len(records) == 1:
         return {"schema": SCHEMA_VERSION, **records[0].to_json()}
     failed = next((record for record in records if not record.passed), None)
@@ -115,6 +118,7 @@ def sentinel(records: list[RunRecord], matrix: str | None) -> dict[str, Any]:
         "exit_status": exit_status(records),
         "detail": "" if failed is None else f"{failed.topology.name}: {failed.detail}",
         "runs": [record.to_json() for record in records],
+        "left_out": list(left_out or []),
     }
 
 

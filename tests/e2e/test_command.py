@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from dpgate.cli import command_parser
-from dpgate.e2e.command import run, settings_list
+from dpgate.e2e.command import _splittable, run, settings_list
 from dpgate.e2e.matrix import CI_TOPOLOGY, CI_WORKLOADS, full_topologies
+from dpgate.e2e.workloads import REGISTRY
 
 
 def parse(*flags: str):
@@ -68,3 +69,27 @@ def test_the_full_matrix_runs_each_topology_in_its_own_directory_on_netns(tmp_pa
     assert {settings.hosts for settings in settings_list(parse("--matrix", "full", "--hosts", "local"), tmp_path)} == {
         "local"
     }
+
+
+def test_a_matrix_workload_that_cannot_be_imported_stops_the_run_before_it_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(REGISTRY, "greedy-identity", "tests.e2e.nowhere:run")
+    assert run(parse("--run-dir", str(tmp_path), "--matrix", "full")) == 2
+    err = capsys.readouterr().err
+    assert "--workload greedy-identity: cannot import module tests.e2e.nowhere" in err and "of the matrix" in err
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_topology_the_model_cannot_split_is_a_bad_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(parse("--run-dir", str(tmp_path), "--tp", "2")) == 2  # SmolLM2-135M: 9 query heads
+    err = capsys.readouterr().err
+    assert "--model smollm2-135m-instruct does not split as asked" in err and "9 query heads" in err
+
+
+def test_the_full_matrix_leaves_out_what_its_models_cannot_split(tmp_path: Path) -> None:
+    kept, left_out = _splittable(settings_list(parse("--matrix", "full"), tmp_path))
+    assert {entry["topology"] for entry in left_out} == {
+        t.name for t in full_topologies() if t.model == "smollm2-135m-instruct" and t.tp == 2
+    }
+    assert len(kept) == 8 and {s.topology.model for s in kept} == {"smollm2-135m-instruct", "gemma3-270m"}
