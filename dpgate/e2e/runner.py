@@ -20,6 +20,7 @@ from dpgate.e2e.verdict import RunRecord, StageRecord
 from dpgate.e2e.workload_stage import run_workloads
 
 VERDICT_BUDGET_S = 60.0
+WORKLOAD_SLACK_S = 1.0
 
 
 class _Run:
@@ -84,7 +85,8 @@ def run_topology(settings: RunSettings, log: Callable[[str], None] = print, dry_
             return record
         stages.run("launch", budgets.launch_s, run.launch, FailureClass.INFRA)
         stages.run("bring-up", budgets.bringup_s, run.bring_up, FailureClass.BRINGUP_TIMEOUT)
-        workload_budget = budgets.workload_s * max(1, len(settings.workloads))
+        # Each workload has the workload budget; the stage their sum, plus the runner's polling.
+        workload_budget = (budgets.workload_s + WORKLOAD_SLACK_S) * max(1, len(settings.workloads))
         stages.run("workload", workload_budget, run.workloads(record), FailureClass.WORKLOAD_TIMEOUT)
         stages.run("verdict", VERDICT_BUDGET_S, run.verdict, FailureClass.INFRA)
     except KeyboardInterrupt:  # in a stage (which recorded it) or between two

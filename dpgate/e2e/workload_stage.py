@@ -2,7 +2,8 @@
 workload budget as its deadline. A workload that has not returned by then is WORKLOAD_TIMEOUT
 and is abandoned (a daemon thread: it cannot hold the runner, and stopping the children ends
 whatever calls it still has open). A child that exits meanwhile is ENGINE_FAILED; a workload
-that fails or raises is ACCURACY_GATE, and the remaining workloads still run for their figures.
+that raises HostsUnavailable (it needs what these hosts cannot do) is INFRA; one that fails or
+raises anything else is ACCURACY_GATE, and the remaining workloads still run for their figures.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from dpgate.e2e.bringup import check_children
 from dpgate.e2e.children import Child
-from dpgate.e2e.contracts import FailureClass, GateResult, Hosts, Target
+from dpgate.e2e.contracts import FailureClass, GateResult, Hosts, HostsUnavailable, Target
 from dpgate.e2e.plan import Plan
 from dpgate.e2e.stages import StageFailure
 from dpgate.e2e.verdict import RunRecord, WorkloadRecord
@@ -63,6 +64,8 @@ def run_one(name: str, workload: Workload, target: Target, children: list[Child]
             raise StageFailure(
                 FailureClass.WORKLOAD_TIMEOUT, f"workload {name} did not return within its budget; abandoned"
             )
+    if isinstance(outcome.error, HostsUnavailable):  # e.g. the fault stage on hosts without links
+        raise StageFailure(FailureClass.INFRA, f"workload {name}: {outcome.error}")
     if outcome.error is not None:
         return GateResult(name, False, detail=f"raised {type(outcome.error).__name__}: {outcome.error}")
     if not isinstance(outcome.result, GateResult):

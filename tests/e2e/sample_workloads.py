@@ -1,5 +1,5 @@
 """Workloads for the runner's own tests, named as MODULE:FUNCTION: one that hangs, one that fails
-its gate, one that raises, one that returns the wrong thing, one that passes."""
+its gate, one that raises, one that cuts a link, one that returns the wrong thing, one that passes."""
 
 from __future__ import annotations
 
@@ -19,6 +19,12 @@ def fails(target: Target) -> GateResult:
 
 def raises(target: Target) -> GateResult:
     raise ConnectionError("the gateway hung up")
+
+
+def cuts_a_link(target: Target) -> GateResult:
+    assert target.hosts is not None
+    target.hosts.cut("engine-0")
+    return GateResult("cuts_a_link", True)
 
 
 def returns_none(target: Target) -> GateResult:

@@ -53,6 +53,12 @@ def test_a_failing_or_broken_workload_is_an_accuracy_gate_failure_and_the_rest_s
     assert [workload.result.passed for workload in record.workloads] == [False, True]
 
 
+def test_a_workload_the_hosts_cannot_serve_is_infra(tmp_path: Path) -> None:
+    _, failure, _ = stage(tmp_path, f"{SAMPLES}:cuts_a_link")
+    assert isinstance(failure, StageFailure) and failure.failure is FailureClass.INFRA
+    assert "local hosts share the loopback: a link cannot be cut" in failure.detail
+
+
 def test_a_hanging_workload_is_abandoned_at_its_budget(tmp_path: Path) -> None:
     started = time.monotonic()
     record, failure, _ = stage(tmp_path, f"{SAMPLES}:hangs", f"{SAMPLES}:passes", budget=0.5)
