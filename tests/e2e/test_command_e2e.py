@@ -37,7 +37,8 @@ def test_the_ci_topology_passes_end_to_end(tmp_path: Path) -> None:
 
 
 def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
-    run = run_e2e(tmp_path / "run", "--dry-run", "--dp", "2", "--tp", "2", "--dcp", "2", "--bringup-budget", "77")
+    flags = ["--dp", "2", "--tp", "2", "--dcp", "2", "--model", "gemma3-270m", "--bringup-budget", "77"]
+    run = run_e2e(tmp_path / "run", "--dry-run", *flags)
     assert run.returncode == 0, run.stdout + run.stderr
     plan = [line.strip() for line in run.stdout.splitlines() if line.startswith("  ")]
     names = [line.split(" ", 1)[0] for line in plan]
