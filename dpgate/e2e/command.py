@@ -33,12 +33,21 @@ class UsageError(ValueError):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
-    add("--data-parallel-size", "--dp", type=int, help=f"engines behind the gateway (default {CI_TOPOLOGY.dp})")
-    add("--tensor-parallel-size", "--tp", type=int, help=f"processes per engine (default {CI_TOPOLOGY.tp})")
+    add(
+        "--data-parallel-size",
+        "--dp",
+        type=int,
+        metavar="N",
+        help=f"engines behind the gateway (default {CI_TOPOLOGY.dp})",
+    )
+    add(
+        "--tensor-parallel-size", "--tp", type=int, metavar="T", help=f"processes per engine (default {CI_TOPOLOGY.tp})"
+    )
     add(
         "--decode-context-parallel-size",
         "--dcp",
         type=int,
+        metavar="C",
         help=f"TP ranks per engine that split the KV cache's tokens; divides --tp (default {CI_TOPOLOGY.dcp})",
     )
     add("--model", help=f"a known model name, GGUF file or Hugging Face directory (default {CI_TOPOLOGY.model})")
@@ -51,16 +60,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"repeatable: {', '.join(REGISTRY)}, or MODULE:FUNCTION (default: the matrix's)",
     )
     add("--matrix", choices=("ci", "full"), help="run a matrix of topologies instead of one")
-    add("--preflight-budget", type=float, default=_BUDGETS.preflight_s, help="seconds (default %(default)g)")
-    add("--launch-budget", type=float, default=_BUDGETS.launch_s, help="seconds (default %(default)g)")
-    add("--bringup-budget", type=float, default=_BUDGETS.bringup_s, help="seconds (default %(default)g)")
-    add("--workload-budget", type=float, default=_BUDGETS.workload_s, help="seconds per workload (default %(default)g)")
-    add("--gateway-port", type=int, help="the gateway's port (default: a free one)")
+    add(
+        "--preflight-budget",
+        type=float,
+        metavar="SECONDS",
+        default=_BUDGETS.preflight_s,
+        help="seconds (default %(default)g)",
+    )
+    add(
+        "--launch-budget",
+        type=float,
+        metavar="SECONDS",
+        default=_BUDGETS.launch_s,
+        help="seconds (default %(default)g)",
+    )
+    add(
+        "--bringup-budget",
+        type=float,
+        metavar="SECONDS",
+        default=_BUDGETS.bringup_s,
+        help="seconds (default %(default)g)",
+    )
+    add(
+        "--workload-budget",
+        type=float,
+        metavar="SECONDS",
+        default=_BUDGETS.workload_s,
+        help="seconds per workload (default %(default)g)",
+    )
+    add("--gateway-port", type=int, metavar="PORT", help="the gateway's port (default: a free one)")
     add("--engine-base-port", type=int, metavar="BASE", help="engine rank R listens on BASE + R (default: free ones)")
-    add("--kv-cache-memory-mb", type=int, default=512, help="each engine process's KV cache (default %(default)s)")
-    add("--health-interval", type=float, default=0.5, help="seconds between the gateway's probes (default %(default)g)")
+    add(
+        "--kv-cache-memory-mb",
+        type=int,
+        metavar="MB",
+        default=512,
+        help="each engine process's KV cache (default %(default)s)",
+    )
+    add(
+        "--health-interval",
+        type=float,
+        metavar="SECONDS",
+        default=0.5,
+        help="seconds between the gateway's probes (default %(default)g)",
+    )
     add("--run-dir", type=Path, help="where every child's log goes (default: a new dpgate-e2e-* under $TMPDIR)")
-    add("--result", type=Path, help="the JSON sentinel (default: RUN_DIR/result.json)")
+    add("--result", type=Path, metavar="FILE", help="the JSON sentinel (default: RUN_DIR/result.json)")
     add("--dry-run", action="store_true", help="run preflight and print the plan; launch nothing")  # fmt: skip
 
 
