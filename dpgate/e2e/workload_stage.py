@@ -44,7 +44,7 @@ def make_target(plan: Plan, hosts: Hosts, children: list[Child], deadline: float
     )
 
 
-def run_one(name: str, workload: Workload, target: Target, children: list[Child]) -> GateResult:
+def run_one(name: str, workload: Workload, target: Target, children: list[Child], budget_s: float) -> GateResult:
     """Run `workload(target)` until it returns or target.deadline; raises StageFailure on a
     timeout or a child's exit."""
     outcome = _Outcome()
@@ -62,7 +62,8 @@ def run_one(name: str, workload: Workload, target: Target, children: list[Child]
         check_children(children, f"during workload {name}")
         if time.monotonic() >= target.deadline:
             raise StageFailure(
-                FailureClass.WORKLOAD_TIMEOUT, f"workload {name} did not return within its budget; abandoned"
+                FailureClass.WORKLOAD_TIMEOUT,
+                f"workload {name} did not return within its budget of {budget_s:g}s; abandoned",
             )
     if isinstance(outcome.error, HostsUnavailable):  # e.g. the fault stage on hosts without links
         raise StageFailure(FailureClass.INFRA, f"workload {name}: {outcome.error}")
@@ -83,11 +84,10 @@ def run_workloads(
         started = time.monotonic()
         target = make_target(plan, hosts, children, started + budget, lambda line, name=name: log(f"[{name}] {line}"))
         try:
-            result = run_one(name, resolve(name), target, children)
-        except StageFailure:
-            record.workloads.append(
-                WorkloadRecord(GateResult(name, False, detail="did not finish"), time.monotonic() - started, budget)
-            )
+            result = run_one(name, resolve(name), target, children, budget)
+        except StageFailure as failure:
+            unfinished = GateResult(name, False, detail=failure.detail)
+            record.workloads.append(WorkloadRecord(unfinished, time.monotonic() - started, budget))
             raise
         record.workloads.append(WorkloadRecord(result, time.monotonic() - started, budget))
         log(f"workload {name}: {'passed' if result.passed else 'FAILED'} {result.figures} {result.detail}".rstrip())

@@ -82,7 +82,7 @@ def test_a_workload_that_hangs_is_a_workload_timeout(tmp_path: Path, tiny_model_
     flags += ["--workload", "tests.e2e.sample_workloads:passes", "--workload", "tests.e2e.sample_workloads:hangs"]
     run = run_e2e(tmp_path / "run", *flags)
     sentinel = assert_failed(run, FailureClass.WORKLOAD_TIMEOUT, "workload")
-    assert "workload tests.e2e.sample_workloads:hangs did not return within its budget" in sentinel["detail"]
+    assert "workload tests.e2e.sample_workloads:hangs did not return within its budget of 2s" in sentinel["detail"]
     passed, hung = sentinel["workloads"]
     assert passed["passed"] and passed["figures"]["engines"] == 1
     assert not hung["passed"] and 2 <= hung["duration_s"] < 5
