@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("gateway.generate_command", "stream a completion from a running server"),
     "chat": ("gateway.chat_command", "a conversation with a running server on the terminal (history, tools, Ctrl-C)"),
     "health": ("gateway.health_command", "check a running server's grpc.health.v1 status (exit 0 when SERVING)"),
+    "e2e": ("dpgate.e2e.command", "run a topology end to end in stages (preflight .. verdict) and write a sentinel"),
 }
 # The long-running commands also read their flags from a TOML file (dpgate/config_file.py).
 CONFIG_FILE_COMMANDS = frozenset({"serve", "engine", "gateway"})
