@@ -1,0 +1,58 @@
+"""A gateway in front of two real tiny-model `dpgate engine` processes, shaped for the load and fuzz
+workloads, and the `Target` that points a workload at them."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpgate.e2e.contracts import Target, Topology
+from tests.gateway.processes import FAST_HEALTH, EngineProcess, GatewayProcess, all_serving
+
+# 1,000 streams split over two ranks put ~500 on each at once: a queue deeper than the default 256
+# (more would be RESOURCE_EXHAUSTED, the engine's documented back-pressure, not what load tests),
+# and a wider batch so the round is not 30 steps of 32.
+LOAD_ENGINE_FLAGS = ("--max-waiting", "1024", "--max-num-seqs", "128", "--kv-cache-memory-mb", "64")
+
+
+class LoadEngine(EngineProcess):
+    """A real engine on the tiny model with LOAD_ENGINE_FLAGS."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), *LOAD_ENGINE_FLAGS]
+
+
+@dataclass
+class TwoEngines:
+    gateway: GatewayProcess
+    engines: list[EngineProcess]
+    model_dir: Path
+
+    def target(self, budget_s: float) -> Target:
+        """A target whose deadline is `budget_s` from now."""
+        processes = {"gateway": self.gateway.process.pid}
+        for engine in self.engines:
+            assert engine.process is not None
+            processes[f"engine-{engine.rank}"] = engine.process.pid
+        return Target(
+            gateway=self.gateway.address,
+            engines=tuple(engine.address for engine in self.engines),
+            topology=Topology(dp=2, model=str(self.model_dir)),
+            deadline=time.monotonic() + budget_s,
+            processes=processes,
+            health_interval_s=0.25,
+        )
+
+
+@contextlib.contextmanager
+def two_engines(model_dir: Path, log_dir: Path) -> Iterator[TwoEngines]:
+    with all_serving([LoadEngine(model_dir, rank, 2, log_dir) for rank in (0, 1)]) as engines:
+        gateway = GatewayProcess([engine.address for engine in engines], *FAST_HEALTH, log_dir=log_dir)
+        try:
+            gateway.wait_ranks([0, 1])
+            yield TwoEngines(gateway, engines, model_dir)
+        finally:
+            gateway.stop()
