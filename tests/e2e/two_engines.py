@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpgate.e2e.contracts import Target, Topology
-from tests.gateway.processes import EngineProcess, GatewayProcess, all_serving
+from tests.gateway.processes import EngineProcess, GatewayProcess
 
 # 1,000 streams split over two ranks put ~500 on each at once: a queue deeper than the default 256
 # (more would be RESOURCE_EXHAUSTED, the engine's documented back-pressure, not what load tests),
@@ -53,10 +53,23 @@ class TwoEngines:
 
 @contextlib.contextmanager
 def two_engines(model_dir: Path, log_dir: Path) -> Iterator[TwoEngines]:
-    with all_serving([LoadEngine(model_dir, rank, 2, log_dir) for rank in (0, 1)]) as engines:
+    """Both engines start side by side and are stopped side by side (SIGTERM to both, then the waits:
+    each takes seconds to shut down)."""
+    engines = [LoadEngine(model_dir, rank, 2, log_dir) for rank in (0, 1)]
+    gateway = None
+    try:
+        for engine in engines:
+            engine.start()
+        for engine in engines:
+            engine.wait_serving()
         gateway = GatewayProcess([engine.address for engine in engines], log_dir=log_dir)
-        try:
-            gateway.wait_ranks([0, 1])
-            yield TwoEngines(gateway, engines, model_dir)
-        finally:
+        gateway.wait_ranks([0, 1])
+        yield TwoEngines(gateway, engines, model_dir)
+    finally:
+        if gateway is not None:
             gateway.stop()
+        for engine in engines:
+            if engine.process is not None and engine.process.poll() is None:
+                engine.process.terminate()
+        for engine in engines:
+            engine.stop()  # waits for the exit (SIGKILL after 15 s)
