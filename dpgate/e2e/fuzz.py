@@ -60,7 +60,7 @@ class Sender:
         for _ in range(plan.raw_connections):
             self.raw.put_nowait(RawConnection(self.host, self.port, plan.call_timeout_s))
 
-    def _timeout(self) -> float:
+    def timeout(self) -> float:
         return max(0.5, min(self.plan.call_timeout_s, self.target.deadline - time.monotonic()))
 
     async def send(self, case: FuzzCase) -> None:
@@ -83,11 +83,11 @@ class Sender:
         try:
             if case.path in STREAMING:
                 async for _ in self.channel.unary_stream(case.path)(
-                    case.body, metadata=case.metadata, timeout=self._timeout()
+                    case.body, metadata=case.metadata, timeout=self.timeout()
                 ):
                     pass
             else:
-                await self.channel.unary_unary(case.path)(case.body, metadata=case.metadata, timeout=self._timeout())
+                await self.channel.unary_unary(case.path)(case.body, metadata=case.metadata, timeout=self.timeout())
         except grpc.aio.AioRpcError as error:
             return error.code().name
         return "OK"
@@ -112,7 +112,7 @@ async def _known_good(stub, expected: generate_pb2.GenerateResponse | None, time
 async def _fuzz_requests(sender: Sender, cases: list[FuzzCase], problems: list[str]) -> int:
     """Send every case in chunks of check_every, a known-good call after each chunk; the known-good calls made."""
     stub = generate_pb2_grpc.InferenceServiceStub(sender.channel)
-    expected = await stub.Generate(unary_request(KNOWN_GOOD_PROMPT, 8), timeout=sender._timeout())
+    expected = await stub.Generate(unary_request(KNOWN_GOOD_PROMPT, 8), timeout=sender.timeout())
     gate = asyncio.Semaphore(sender.plan.concurrency)
     checks = 0
 
@@ -126,7 +126,7 @@ async def _fuzz_requests(sender: Sender, cases: list[FuzzCase], problems: list[s
             break
         await asyncio.gather(*(bounded(case) for case in cases[start : start + sender.plan.check_every]))
         checks += 1
-        failure = await _known_good(stub, expected, sender._timeout())
+        failure = await _known_good(stub, expected, sender.timeout())
         if failure is not None:
             problems.append(f"after {start + sender.plan.check_every} requests {failure}")
             break
@@ -199,7 +199,8 @@ async def _run(target: Target, plan: FuzzPlan) -> GateResult:
 
 
 def run(target: Target, plan: FuzzPlan | None = None) -> GateResult:
-    """Run the fuzz workload against `target` (see the module docstring) and return its verdict."""
+    """Run the fuzz workload against `target` (see the module docstring) and return its verdict.
+    Synchronous (it runs its own event loop): call it from a thread with no loop running."""
     try:
         return asyncio.run(_run(target, plan or FuzzPlan()))
     except grpc.aio.AioRpcError as error:

@@ -72,9 +72,13 @@ def _text() -> st.SearchStrategy[str]:
 
 
 _floats = st.floats(width=32)
-_small_or_any = lambda low, high, bound_low, bound_high: st.one_of(  # noqa: E731 (a strategy recipe)
-    st.integers(low, high), st.integers(bound_low, bound_high)
-)
+
+
+def _small_or_any(low: int, high: int, bound_low: int, bound_high: int) -> st.SearchStrategy[int]:
+    """Often a small value near the valid range's edges, else anything the field's type holds."""
+    return st.one_of(st.integers(low, high), st.integers(bound_low, bound_high))
+
+
 _token_id = st.one_of(st.integers(0, VOCAB_SIZE - 1), st.integers(VOCAB_SIZE, U32))
 
 

@@ -187,6 +187,10 @@ async def _run(target: Target, plan: LoadPlan) -> GateResult:
                 )
         growth = {name: round(rss[-1][name] - rss[1][name], 1) for name in target.processes}
         tolerance = {name: plan.rss_tolerance_mib(rss[1][name]) for name in target.processes}
+        rounds = [figures[f"round_{number}"] for number in range(1, plan.rounds + 1)]
+        figures["streams_ok"] = sum(each["streams_ok"] for each in rounds)
+        figures["tokens"] = sum(each["tokens"] for each in rounds)
+        figures["rss_mib_after"] = rss[-1]
         figures["rss_growth_after_round_1_mib"] = growth
         figures["rss_growth_tolerance_mib"] = tolerance
         if plan.rounds >= 2:
@@ -200,7 +204,8 @@ async def _run(target: Target, plan: LoadPlan) -> GateResult:
 
 
 def run(target: Target, plan: LoadPlan | None = None) -> GateResult:
-    """Run the load workload against `target` (see the module docstring) and return its verdict."""
+    """Run the load workload against `target` (see the module docstring) and return its verdict.
+    Synchronous (it runs its own event loop): call it from a thread with no loop running."""
     try:
         return asyncio.run(_run(target, plan or LoadPlan()))
     except (ValueError, grpc.aio.AioRpcError) as error:
