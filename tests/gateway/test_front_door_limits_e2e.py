@@ -11,9 +11,7 @@ import time
 import grpc
 import pytest
 
-from gateway.http2 import frames as f
-from gateway.http2.header_codec import encode_block
-from tests.gateway.h2_wire import (
+from dpgate.e2e.h2_wire import (
     GENERATE_STREAM,
     H2Client,
     call,
@@ -24,6 +22,8 @@ from tests.gateway.h2_wire import (
     request_fields,
     rst_stream,
 )
+from gateway.http2 import frames as f
+from gateway.http2.header_codec import encode_block
 from tests.gateway.processes import gateway_starter, generate_request, inference_stub, running_synthetic_engine
 
 BLOCK = encode_block(request_fields())

@@ -22,9 +22,7 @@ import pytest
 from hpack.huffman import HuffmanEncoder
 from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 
-from gateway.http2 import frames as f
-from gateway.http2.header_codec import encode_block
-from tests.gateway.h2_wire import (
+from dpgate.e2e.h2_wire import (
     GENERATE,
     GENERATE_BODY,
     H2Client,
@@ -43,6 +41,8 @@ from tests.gateway.h2_wire import (
     settings,
     window_update,
 )
+from gateway.http2 import frames as f
+from gateway.http2.header_codec import encode_block
 from tests.gateway.processes import gateway_starter, generate_request, inference_stub, running_synthetic_engine
 
 MAX_STREAMS = 8  # the module's gateway advertises this, so 5.1.2 opens few streams

@@ -1,6 +1,6 @@
-"""A raw HTTP/2 client for the wire tests: it sends exactly the frames a test builds, and reads
-the gateway's answers frame by frame, so a test can expect one reaction (GOAWAY with a code,
-RST_STREAM with a code, a response, a ping ack) the way h2spec does.
+"""A raw HTTP/2 client for the wire tests and the e2e fuzz workload: it sends exactly the frames a
+caller builds, and reads the gateway's answers frame by frame, so a caller can expect one reaction
+(GOAWAY with a code, RST_STREAM with a code, a response, a ping ack) the way h2spec does.
 
 Frame builders take the raw fields, so tests can break any rule: lengths, flags, stream ids,
 padding, header blocks (encoded without a dynamic table, as the gateway encodes its own).
@@ -131,8 +131,8 @@ class Seen:
 class H2Client:
     """One raw connection to the gateway. `handshake` sends the preface and SETTINGS."""
 
-    def __init__(self, port: int, timeout: float = 5.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 5.0, host: str = "127.0.0.1") -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
         self.buffer = b""
         self.decoder = Decoder()
         self.server_settings: dict[int, int] = {}
