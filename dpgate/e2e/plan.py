@@ -82,6 +82,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+# Enough queue for the load workload's 1,000 concurrent streams on a single engine (DP=1).
+ENGINE_MAX_WAITING = 1024
+
+
 def threads_per_engine(dp: int) -> int:
     """Engines on one machine share its cores, as `dpgate serve` shares them."""
     return max(1, (os.cpu_count() or 1) // dp)
@@ -96,6 +100,8 @@ def engine_argv(settings: RunSettings, rank: int, address: str, port: int) -> tu
         "--tensor-parallel-size", str(topology.tp), "--decode-context-parallel-size", str(topology.dcp),
         "--data-parallel-rank", str(rank), "--data-parallel-size", str(topology.dp),
         "--kv-cache-memory-mb", str(settings.kv_cache_memory_mb), "--num-threads", str(threads),
+        # The load workload holds 1,000 streams over the engines at once: queue them, not refuse them.
+        "--max-waiting", str(ENGINE_MAX_WAITING),
     ]  # fmt: skip
     if topology.tp > threads:  # e.g. DP2 x TP2 on 2 cores: one thread per engine, two TP ranks each
         argv.append("--allow-oversubscribe")
