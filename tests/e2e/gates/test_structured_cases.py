@@ -12,7 +12,7 @@ from dpgate.e2e.gates.calls import Output
 from dpgate.e2e.gates.structured import judge
 from dpgate.v1 import generate_pb2 as pb
 
-PERSON_OK = {"name": "Ada", "age": 36, "job": "engineer", "address": {"city": "London", "zip": "12345"}}
+PERSON_OK = {"name": "Ada Lovelace", "age": 36, "job": "engineer", "address": {"city": "London", "zip": "12345"}}
 
 
 @pytest.mark.parametrize(
@@ -23,7 +23,9 @@ PERSON_OK = {"name": "Ada", "age": 36, "job": "engineer", "address": {"city": "L
         ({**PERSON_OK, "job": "pilot"}, "fails the schema at ['job']"),
         ({**PERSON_OK, "address": {"city": "London", "zip": "1234"}}, "fails the schema at ['address', 'zip']"),
         ({key: value for key, value in PERSON_OK.items() if key != "address"}, "'address' is a required property"),
-        ({**PERSON_OK, "name": "x" * 25}, "fails the schema at ['name']"),
+        ({**PERSON_OK, "name": "Ada lovelace"}, "fails the schema at ['name']"),
+        ({**PERSON_OK, "name": "Sustainablesplitceptbc"}, "fails the schema at ['name']"),
+        ({**PERSON_OK, "name": "Ada\\nLovelace"}, "fails the schema at ['name']"),
     ],
 )
 def test_a_person_that_breaks_the_schema_is_invalid(document, why):
@@ -89,3 +91,9 @@ def test_an_output_cut_at_max_tokens_is_invalid_even_when_its_prefix_would_pass(
     assert "cut at max_tokens" in judge(case, cut)
     whole = Output(token_ids=(1, 2), text="[1,2]", finish_reason=pb.FINISH_REASON_STOP, num_prompt_tokens=3)
     assert judge(case, whole) is None
+
+
+@pytest.mark.parametrize("case", sc.CASES, ids=lambda case: case.name)
+def test_each_cases_longest_output_is_valid_and_fits_its_max_tokens(case):
+    assert case.check(case.longest) is None
+    assert case.max_tokens == len(case.longest.encode()) + 1

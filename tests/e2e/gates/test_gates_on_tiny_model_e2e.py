@@ -1,19 +1,22 @@
-"""The greedy-identity gate against real processes of the tiny model: two DP ranks behind a gateway
-equal the gate's own DP=1/T=1/C=1 reference in every call; an engine computing with torch's kernels
-(`--no-batch-invariant`) does not, and the gate says where. The exact-match gate, pointed at the
-tiny random model while expecting SmolLM2's score (as if the wrong weights were loaded), fails too.
+"""The gates against real processes of the tiny model. Greedy identity: two DP ranks behind a
+gateway equal the gate's own DP=1/T=1/C=1 reference in every call; an engine computing with torch's
+kernels (`--no-batch-invariant`) does not, and the gate says where. Structured outputs: all valid on
+both ranks. Exact match, pointed at the tiny random model while expecting SmolLM2's score (as if the
+wrong weights were loaded), fails.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from dpgate.e2e.contracts import Target, Topology
-from dpgate.e2e.gates import exact_match, greedy_identity
+from dpgate.e2e.gates import exact_match, greedy_identity, structured
 from dpgate.e2e.gates.calls import Output, TokenLogprob
+from dpgate.e2e.gates.structured_cases import CASES
 from tests.gateway.processes import FAST_HEALTH, EngineProcess, GatewayProcess, all_serving
 
 
@@ -33,18 +36,22 @@ def gateways(tiny_model_dir, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("greedy-identity")
     engines = [FlaggedEngine(tiny_model_dir, rank, 2, log_dir) for rank in range(2)]
     engines.append(FlaggedEngine(tiny_model_dir, 0, 1, log_dir, "--no-batch-invariant"))
-    with all_serving(engines):
-        started = {
-            "dp2": GatewayProcess([e.address for e in engines[:2]], *FAST_HEALTH, log_dir=log_dir, name="dp2"),
-            "torch": GatewayProcess([engines[2].address], *FAST_HEALTH, log_dir=log_dir, name="torch"),
-        }
-        try:
-            started["dp2"].wait_ranks([0, 1])
-            started["torch"].wait_ranks([0])
-            yield started
-        finally:
-            for gateway in started.values():
-                gateway.stop()
+    # The gate's reference engine starts beside the others rather than after them (it is cached).
+    with ThreadPoolExecutor(1) as pool:
+        reference = pool.submit(greedy_identity.reference_outputs, str(tiny_model_dir), time.monotonic() + 240)
+        with all_serving(engines):
+            started = {
+                "dp2": GatewayProcess([e.address for e in engines[:2]], *FAST_HEALTH, log_dir=log_dir, name="dp2"),
+                "torch": GatewayProcess([engines[2].address], *FAST_HEALTH, log_dir=log_dir, name="torch"),
+            }
+            try:
+                started["dp2"].wait_ranks([0, 1])
+                started["torch"].wait_ranks([0])
+                reference.result()
+                yield started
+            finally:
+                for gateway in started.values():
+                    gateway.stop()
 
 
 def target(gateway: GatewayProcess, topology: Topology) -> Target:
@@ -80,6 +87,15 @@ def test_the_first_differing_position_is_named():
     same_tokens = Output((5,), "a", 1, 4, (lp,))
     assert greedy_identity.difference(Output((5,), "a", 1, 4, (near,)), same_tokens, exact_logprobs=True)
     assert greedy_identity.difference(Output((5,), "a", 1, 4, (near,)), same_tokens, exact_logprobs=False) is None
+
+
+def test_every_structured_output_is_valid_greedy_and_sampled_on_both_ranks(gateways, tiny_model_dir):
+    # The grammars bound every output's length, so even a random model ends each one within max_tokens.
+    result = structured.run(target(gateways["dp2"], Topology(dp=2, model=str(tiny_model_dir))))
+    assert result.passed, result.detail
+    assert result.figures["requests"] == result.figures["valid"] == len(CASES) * len(structured.VARIANTS)
+    for kind in ("json_schema", "regex", "ebnf", "choice"):
+        assert result.figures[f"{kind}_valid"] == result.figures[f"{kind}_requests"] > 0
 
 
 def test_exact_match_fails_below_the_threshold_when_the_weights_are_not_the_models(gateways):
