@@ -90,12 +90,15 @@ def ask(stub: generate_pb2_grpc.InferenceServiceStub, style: str, question: str,
 
 
 def score(gateway: str, style: str, deadline: float) -> tuple[int, list[str]]:
-    """How many questions the model behind `gateway` answers exactly, and the misses in words.
+    """How many questions the model behind `gateway` answers exactly, and the misses in words; all
+    are in flight at once (the score does not depend on the batching, the run time does).
     A failed call raises grpc.RpcError: a gate that cannot ask cannot score."""
     data = questions(load_data())
     with grpc.insecure_channel(gateway) as channel:
         stub = generate_pb2_grpc.InferenceServiceStub(channel)
-        answers = run_all([functools.partial(ask, stub, style, q.question, deadline) for q in data], concurrency=16)
+        answers = run_all(
+            [functools.partial(ask, stub, style, q.question, deadline) for q in data], concurrency=len(data)
+        )
     misses = []
     for item, answer in zip(data, answers, strict=True):
         if isinstance(answer, BaseException):

@@ -9,7 +9,7 @@ import pytest
 
 from dpgate.e2e.contracts import Target, Topology
 from dpgate.e2e.gates import exact_match
-from tests.gateway.processes import FAST_HEALTH, EngineProcess, GatewayProcess, all_serving
+from tests.gateway.processes import EngineProcess, GatewayProcess, all_serving
 
 MODEL = "smollm2-135m-instruct"
 
@@ -18,7 +18,7 @@ MODEL = "smollm2-135m-instruct"
 def smollm2_target(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("smollm2-gates")
     with all_serving([EngineProcess(Path(MODEL), 0, 1, log_dir)]) as engines:
-        gateway = GatewayProcess([engines[0].address], *FAST_HEALTH, log_dir=log_dir)
+        gateway = GatewayProcess([engines[0].address], log_dir=log_dir)
         try:
             gateway.wait_ranks([0])
             yield lambda: Target(gateway.address, (engines[0].address,), Topology(model=MODEL), time.monotonic() + 300)

@@ -7,7 +7,9 @@ wrong weights were loaded), fails.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from dpgate.e2e.contracts import Target, Topology
 from dpgate.e2e.gates import exact_match, greedy_identity, structured
 from dpgate.e2e.gates.calls import Output, TokenLogprob
 from dpgate.e2e.gates.structured_cases import CASES
-from tests.gateway.processes import FAST_HEALTH, EngineProcess, GatewayProcess, all_serving
+from tests.gateway.processes import EngineProcess, GatewayProcess
 
 
 class FlaggedEngine(EngineProcess):
@@ -30,6 +32,23 @@ class FlaggedEngine(EngineProcess):
         return [*super().command(), *self.flags]
 
 
+@contextlib.contextmanager
+def serving(engines: list[EngineProcess]) -> Iterator[None]:
+    """all_serving, but stopping the engines all at once: each takes seconds to shut down."""
+    try:
+        for engine in engines:
+            engine.start()
+        for engine in engines:
+            engine.wait_serving()
+        yield
+    finally:
+        for engine in engines:
+            if engine.process is not None and engine.process.poll() is None:
+                engine.process.terminate()
+        for engine in engines:
+            engine.stop()
+
+
 @pytest.fixture(scope="module")
 def gateways(tiny_model_dir, tmp_path_factory):
     """{"dp2": a gateway in front of two default engines, "torch": one in front of a --no-batch-invariant engine}."""
@@ -39,10 +58,10 @@ def gateways(tiny_model_dir, tmp_path_factory):
     # The gate's reference engine starts beside the others rather than after them (it is cached).
     with ThreadPoolExecutor(1) as pool:
         reference = pool.submit(greedy_identity.reference_outputs, str(tiny_model_dir), time.monotonic() + 240)
-        with all_serving(engines):
+        with serving(engines):
             started = {
-                "dp2": GatewayProcess([e.address for e in engines[:2]], *FAST_HEALTH, log_dir=log_dir, name="dp2"),
-                "torch": GatewayProcess([engines[2].address], *FAST_HEALTH, log_dir=log_dir, name="torch"),
+                "dp2": GatewayProcess([e.address for e in engines[:2]], log_dir=log_dir, name="dp2"),
+                "torch": GatewayProcess([engines[2].address], log_dir=log_dir, name="torch"),
             }
             try:
                 started["dp2"].wait_ranks([0, 1])
