@@ -38,6 +38,7 @@ EXAMPLES = (
     ("What color is a ripe banana?", "yellow"),
 )
 _TRAILING_PUNCTUATION = ".,;:!?"
+FIGURE_TEXT_LIMIT = 300  # the first miss in the figures is cut to this many characters
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,7 @@ def run(target: Target) -> GateResult:
         "baseline": baseline["correct"],
     }
     if misses:
-        figures["first_miss"] = misses[0]
+        figures["first_miss"] = misses[0][:FIGURE_TEXT_LIMIT]
     if correct < baseline["threshold"]:
         detail = f"{correct} of {correct + len(misses)} exact matches, below the threshold {baseline['threshold']}"
         return GateResult(NAME, False, figures, detail)

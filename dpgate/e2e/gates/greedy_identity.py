@@ -7,6 +7,9 @@ each unpinned and pinned to every DP rank, unary and streamed. Token ids must be
 request asks for logprobs they must be the same float32 bits on a T=1 topology (batch invariance:
 the same kernels, nothing depends on the batch); with T > 1 a row's sums are split over ranks, so
 logprobs may differ by that rounding, within the bound docs/engine.md states (1e-4).
+
+A reference engine that cannot start raises ReferenceEngineFailed (with its last log lines): the
+machine's failure, not the topology's.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ TOP_LOGPROBS = 2
 SPLIT_SUM_LOGPROB_TOLERANCE = 1e-4
 # The engine's default --max-num-batched-tokens: the long prompts are prefilled in several chunks.
 DEFAULT_PREFILL_CHUNK = 512
+# Figures are short: a failure's sentence is cut to this many characters in them (not in `detail`).
+FIGURE_TEXT_LIMIT = 300
 
 
 def _ship_log(days: int) -> str:
@@ -81,15 +86,15 @@ _reference_lock = threading.Lock()
 _reference_cache: dict[str, tuple[Output, ...]] = {}
 
 
-def reference_outputs(model: str, deadline: float, *engine_flags: str) -> tuple[Output, ...]:
-    """The reference engine's output for each of PROMPTS, computed once per (model, flags) per run."""
-    key = "\0".join((model, *engine_flags))
+def reference_outputs(model: str, deadline: float) -> tuple[Output, ...]:
+    """The reference engine's output for each of PROMPTS, each asked alone; computed once per model
+    per process (a matrix run starts one reference per model)."""
     with _reference_lock:
-        if key not in _reference_cache:
-            with reference_engine(model, deadline, *engine_flags) as address, grpc.insecure_channel(address) as channel:
+        if model not in _reference_cache:
+            with reference_engine(model, deadline) as address, grpc.insecure_channel(address) as channel:
                 stub = generate_pb2_grpc.InferenceServiceStub(channel)
-                _reference_cache[key] = tuple(generate(stub, _request(p), None, deadline) for p in PROMPTS)
-        return _reference_cache[key]
+                _reference_cache[model] = tuple(generate(stub, _request(p), None, deadline) for p in PROMPTS)
+        return _reference_cache[model]
 
 
 def difference(got: Output, want: Output, exact_logprobs: bool) -> str | None:
@@ -155,7 +160,7 @@ def run(target: Target) -> GateResult:
         "logprobs": "float32 bits" if exact_logprobs else f"within {SPLIT_SUM_LOGPROB_TOLERANCE}",
     }
     if failures:
-        figures["first_mismatch"] = failures[0]
+        figures["first_mismatch"] = failures[0][:FIGURE_TEXT_LIMIT]
         detail = f"{len(failures)} of {len(cases)} calls differ from DP=1/T=1/C=1; first: {failures[0]}"
         return GateResult(NAME, False, figures, detail)
     return GateResult(NAME, True, figures)

@@ -71,16 +71,16 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def reference_engine(model: str, deadline: float, *flags: str) -> Iterator[str]:
+def reference_engine(model: str, deadline: float) -> Iterator[str]:
     """Run the reference engine for `model` until the block ends; yields its HOST:PORT once SERVING.
-    `flags` are extra `dpgate engine` flags (tests use them; the gates pass none)."""
+    Raises ReferenceEngineFailed if it exits first, TimeoutError if `deadline` passes first."""
     port = _free_port()
     python_path = [str(_PACKAGE_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(python_path))
     # A model given as a relative path is resolved here, since the engine runs in a scratch folder.
     spec = str(Path(model).resolve()) if Path(model).exists() else model
     command = [sys.executable, "-m", "dpgate.cli", "engine", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--model", spec, *flags]
+    command += ["--model", spec]
     with tempfile.TemporaryDirectory(prefix="dpgate-reference-") as scratch:
         log_path = Path(scratch) / "engine.log"
         with open(log_path, "wb") as log:

@@ -22,6 +22,7 @@ SAMPLING_TEMPERATURE = 1.0
 SEEDS = (11, 12, 13)
 # Each case is asked greedily and once per seed.
 VARIANTS: tuple[int | None, ...] = (None, *SEEDS)
+FIGURE_TEXT_LIMIT = 300  # a failure's sentence in the figures (`detail` has it whole)
 
 
 def request(case: Case, seed: int | None) -> pb.GenerateRequest:
@@ -79,7 +80,7 @@ def run(target: Target) -> GateResult:
     for kind in sorted(requests):
         figures[f"{kind}_requests"], figures[f"{kind}_valid"] = requests[kind], valid[kind]
     if invalid:
-        figures["first_invalid"] = invalid[0]
+        figures["first_invalid"] = invalid[0][:FIGURE_TEXT_LIMIT]
         detail = f"{len(invalid)} of {len(jobs)} structured outputs are not valid; first: {invalid[0]}"
         return GateResult(NAME, False, figures, detail)
     return GateResult(NAME, True, figures)
