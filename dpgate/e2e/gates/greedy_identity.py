@@ -122,6 +122,16 @@ def difference(got: Output, want: Output, exact_logprobs: bool) -> str | None:
     return None
 
 
+def _largest_logprob_gap(got: Output, want: Output) -> float:
+    """The largest |logprob - reference| over the positions before the first differing token."""
+    largest = 0.0
+    for a, b in zip(got.logprobs, want.logprobs, strict=False):
+        if a.token_id != b.token_id:
+            break
+        largest = max(largest, abs(a.logprob - b.logprob))
+    return largest
+
+
 def run(target: Target) -> GateResult:
     """Compare every (prompt, pin, unary/stream) call through the gateway with the reference."""
     topology = target.topology
@@ -139,6 +149,7 @@ def run(target: Target) -> GateResult:
         ]
         results = run_all(calls, concurrency=len(calls))
     failures = []
+    logprob_gap = 0.0
     for (index, pin, mode), result in zip(cases, results, strict=True):
         if isinstance(result, grpc.RpcError):
             why = f"failed with {result.code().name}: {result.details()}"  # type: ignore[attr-defined]
@@ -146,6 +157,7 @@ def run(target: Target) -> GateResult:
             raise result
         else:
             why = difference(result, reference[index], exact_logprobs)
+            logprob_gap = max(logprob_gap, _largest_logprob_gap(result, reference[index]))
         if why is not None:
             where = "unpinned" if pin is None else f"pinned to rank {pin}"
             failures.append(f"prompt {PROMPTS[index].name!r}, {mode}, {where}: {why}")
@@ -158,6 +170,7 @@ def run(target: Target) -> GateResult:
         "prompts_over_default_prefill_chunk": sum(n > DEFAULT_PREFILL_CHUNK for n in prompt_tokens),
         "tokens_compared_per_call": MAX_TOKENS,
         "logprobs": "float32 bits" if exact_logprobs else f"within {SPLIT_SUM_LOGPROB_TOLERANCE}",
+        "max_logprob_difference": logprob_gap,
     }
     if failures:
         figures["first_mismatch"] = failures[0][:FIGURE_TEXT_LIMIT]

@@ -85,6 +85,7 @@ def test_two_dp_ranks_give_the_reference_tokens_and_logprob_bits_in_every_call(g
     assert result.figures["mismatches"] == 0
     assert result.figures["prompts_over_default_prefill_chunk"] == 2
     assert result.figures["logprobs"] == "float32 bits"
+    assert result.figures["max_logprob_difference"] == 0.0
 
 
 def test_torch_kernels_are_not_the_served_numerics_and_the_gate_names_the_first_difference(gateways, tiny_model_dir):
@@ -106,6 +107,12 @@ def test_the_first_differing_position_is_named():
     same_tokens = Output((5,), "a", 1, 4, (lp,))
     assert greedy_identity.difference(Output((5,), "a", 1, 4, (near,)), same_tokens, exact_logprobs=True)
     assert greedy_identity.difference(Output((5,), "a", 1, 4, (near,)), same_tokens, exact_logprobs=False) is None
+    # The logprob figure stops at the first differing token: past it the contexts differ.
+    other = TokenLogprob(6, -3.0, ())
+    gap = greedy_identity._largest_logprob_gap(
+        Output((5, 6), "ab", 1, 4, (near, other)), Output((5, 7), "ac", 1, 4, (lp, lp))
+    )
+    assert gap == abs(near.logprob - lp.logprob)
 
 
 def test_every_structured_output_is_valid_greedy_and_sampled_on_both_ranks(gateways, tiny_model_dir):
