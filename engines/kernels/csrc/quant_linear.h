@@ -1,0 +1,123 @@
+// y = x @ W.T over block-quantized weights (the GGUF's own grid), batch invariant by construction.
+//
+// Every GGUF format served here dequantizes, in the gguf package's reference code, to
+//     w = D * q + M   (float32, D and M one pair per group of G = 32 or 16 weights along k)
+// with q a small integer (a nibble 0..15, or a signed byte) and D * q exact in float32 (an fp16
+// or fp16-times-6-bit scale times a <= 8-bit integer needs at most 23 significant bits). The sum
+// with M is the reference's only rounding, so fma(D, q, M) rounds exactly as it does (and
+// D * q alone, without M, is exact). The kernel computes that w in registers and then follows
+// linear.h's rule unchanged: every output element is one fma chain over k = 0..K-1 from 0,
+//     acc = 0; for k: acc = fma(x[m][k], w[n][k], acc); y[m][n] = acc
+// so its result equals the float32 kernel's over the dequantized weights bit for bit, and a row
+// never depends on the other rows. A weight is dequantized once per register tile and reused by
+// all of the tile's rows: with many rows (prefill) that cost is shared, which is what makes the
+// path GEMM-shaped.
+//
+// Layouts (panels of 16 output columns, zero padded; P = ceil(N / 16)):
+//   nibbles [P, K, 8] uint8: byte j of panel p at k holds column 16p+j (low) and 16p+j+8 (high)
+//   bytes   [P, K, 16] int8
+//   scales, offsets [P, K / G, 16] float32 (offsets may be absent: M = 0)
+#pragma once
+
+#include "linear.h"
+
+namespace dpgate {
+
+template <class V, bool kNibbles, bool kOffsets, int MR, int NV>
+inline void quant_tile(const QuantLinearArgs& g, int64_t row0, int64_t col0) {
+  using reg = typename V::reg;
+  constexpr int L = V::L;
+  const int64_t K = g.K, G = g.group, groups = g.K / g.group;
+  const uint8_t* codes[NV];
+  const float* scales[NV];
+  const float* offsets[NV];
+  int shift[NV];
+  for (int j = 0; j < NV; ++j) {
+    const int64_t c = col0 + int64_t(j) * L, panel = c / kPanelWidth, within = c % kPanelWidth;
+    codes[j] = g.q + (kNibbles ? panel * K * 8 : panel * K * kPanelWidth + within);
+    shift[j] = kNibbles ? int(within / 8) * 4 : 0;  // eight-lane vectors read one half of the panel
+    scales[j] = g.scales + panel * groups * kPanelWidth + within;
+    offsets[j] = kOffsets ? g.offsets + panel * groups * kPanelWidth + within : nullptr;
+  }
+  const float* rows[MR];
+  for (int i = 0; i < MR; ++i) rows[i] = g.a + (row0 + i) * g.lda;
+
+  reg acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
+  for (int64_t group = 0; group < groups; ++group) {
+    reg d[NV], m[NV];
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; ++j) {
+      d[j] = V::load(scales[j] + group * kPanelWidth);
+      if constexpr (kOffsets) m[j] = V::load(offsets[j] + group * kPanelWidth);
+    }
+    for (int64_t k = group * G; k < (group + 1) * G; ++k) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NV; ++j) {
+        reg q;
+        if constexpr (kNibbles) q = V::load_nibbles(codes[j] + k * 8, shift[j]);
+        else q = V::load(reinterpret_cast<const int8_t*>(codes[j] + k * kPanelWidth));
+        reg w;
+        if constexpr (kOffsets) w = V::fma(d[j], q, m[j]);
+        else w = V::mul(d[j], q);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; ++i) acc[i][j] = V::fma(V::set1(rows[i][k]), w, acc[i][j]);
+      }
+    }
+  }
+
+  LinearArgs out{nullptr, 0, nullptr, DType::kFloat32, nullptr, g.out, g.out_type, g.ldo, g.M, g.N, g.K};
+#pragma GCC unroll 16
+  for (int j = 0; j < NV; ++j) {
+    const int64_t c = col0 + int64_t(j) * L;
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) store_output<V>(out, acc[i][j], (row0 + i) * g.ldo + c, g.N - c);
+  }
+}
+
+// Rows row_begin..row_end of one column tile: full tiles of MR rows, then one smaller tile.
+template <class V, bool kNibbles, bool kOffsets, int MR, int NV>
+inline void quant_rows(const QuantLinearArgs& g, int64_t row_begin, int64_t row_end, int64_t col0) {
+  int64_t row = row_begin;
+  for (; row + MR <= row_end; row += MR) quant_tile<V, kNibbles, kOffsets, MR, NV>(g, row, col0);
+  if constexpr (MR > 1) {
+    const int64_t rest = row_end - row;
+    if (rest > 0) {
+      [&]<int... R>(std::integer_sequence<int, R...>) {
+        ((rest == R + 1 ? quant_tile<V, kNibbles, kOffsets, R + 1, NV>(g, row, col0) : void()), ...);
+      }(std::make_integer_sequence<int, MR - 1>{});
+    }
+  }
+}
+
+template <class V, bool kNibbles, bool kOffsets, int MR, int NV>
+inline void quant_columns(const QuantLinearArgs& g, int64_t tile_begin, int64_t tile_end) {
+  constexpr int L = V::L;
+  const int64_t num_vectors = (g.N + L - 1) / L;
+  // Rows in blocks whose activations stay in the L2 cache while every column tile reads them.
+  const int64_t block = std::max<int64_t>(MR, (192 * 1024 / std::max<int64_t>(1, g.K * 4)) / MR * MR);
+  for (int64_t row0 = 0; row0 < g.M; row0 += block) {
+    const int64_t row1 = std::min(g.M, row0 + block);
+    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+      const int64_t first = tile * NV;
+      const int64_t count = std::min<int64_t>(NV, num_vectors - first);
+      if (count == NV) {
+        quant_rows<V, kNibbles, kOffsets, MR, NV>(g, row0, row1, first * L);
+      } else {
+        for (int64_t v = first; v < first + count; ++v) quant_rows<V, kNibbles, kOffsets, MR, 1>(g, row0, row1, v * L);
+      }
+    }
+  }
+}
+
+template <class V, int MR, int NV>
+inline void quant_dispatch(const QuantLinearArgs& g, int64_t tile_begin, int64_t tile_end) {
+  const bool offsets = g.offsets != nullptr;
+  if (g.nibbles && offsets) return quant_columns<V, true, true, MR, NV>(g, tile_begin, tile_end);
+  if (g.nibbles) return quant_columns<V, true, false, MR, NV>(g, tile_begin, tile_end);
+  if (offsets) return quant_columns<V, false, true, MR, NV>(g, tile_begin, tile_end);
+  return quant_columns<V, false, false, MR, NV>(g, tile_begin, tile_end);
+}
+
+}  // namespace dpgate
