@@ -19,7 +19,7 @@ from engines.scheduler import SchedulerConfig
 
 # Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
 DTYPES = (AUTO_DTYPE, "bfloat16", "float16", "float32")
-QUANTIZATIONS = ("none", "int8")  # see engines/quantization.py
+QUANTIZATIONS = ("none", "int8", "gguf")  # see engines/quantization.py and engines/kernels/gguf_blocks.py
 DEFAULT_PORT = 50051
 # A StatefulSet pod's hostname is `<statefulset name>-<ordinal>`; the ordinal is the DP rank.
 _HOSTNAME_ORDINAL = re.compile(r"-(0|[1-9][0-9]*)$")

@@ -100,8 +100,9 @@ def pack_weight(weight: torch.Tensor, scales: torch.Tensor | None = None) -> Pac
 
 
 class QuantizedWeight:
-    """A block-quantized weight [N, K] laid out for csrc/quant_linear.h: codes as nibbles
-    [P, K, 8] uint8 (byte j of panel p holds columns 16p+j and 16p+j+8) or int8 [P, K, 16], and
+    """A block-quantized weight [N, K] laid out for csrc/quant_linear.h: codes as nibble pairs
+    [P, K / 2, 16] uint8 (byte j of panel p at k / 2 holds column 16p+j's codes at the even k and
+    k + 1) or int8 [P, K, 16], and
     float32 scales/offsets [P, K / group, 16], P = ceil(N / 16), zero padded. Packing moves the
     GroupQuantized's integers and floats without arithmetic, so the grid is the file's."""
 
@@ -110,7 +111,7 @@ class QuantizedWeight:
     def __init__(self, codes, scales, offsets, group: int, out_features: int):
         self.codes, self.scales, self.offsets, self.group = codes, scales, offsets, group
         self.out_features = out_features
-        self.in_features = codes.shape[1]
+        self.in_features = codes.shape[1] * (2 if codes.dtype == torch.uint8 else 1)
 
     @property
     def nbytes(self) -> int:
@@ -130,7 +131,7 @@ def pack_quantized(weight: GroupQuantized) -> QuantizedWeight:
     """Lay a GroupQuantized out in the kernel's panels (see QuantizedWeight)."""
     codes = _panels(weight.codes)
     if weight.nibbles:
-        codes = codes[:, :, :8] | (codes[:, :, 8:] << 4)
+        codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
     offsets = None if weight.offsets is None else torch.from_numpy(_panels(weight.offsets))
     return QuantizedWeight(
         torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(_panels(weight.scales)), offsets,

@@ -31,7 +31,7 @@ struct LinearArgs {
 struct QuantLinearArgs {
   const float* a;  // [M, K] float32 activations, row stride lda
   int64_t lda;
-  const uint8_t* q;       // nibbles [ceil(N / 16), K, 8] or int8 bytes [ceil(N / 16), K, 16]
+  const uint8_t* q;       // nibbles [ceil(N / 16), K / 2, 16] or int8 bytes [ceil(N / 16), K, 16]
   bool nibbles;
   int64_t group;          // weights per scale along k (16 or 32); divides K
   const float* scales;    // D: [ceil(N / 16), K / group, 16]

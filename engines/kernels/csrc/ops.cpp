@@ -122,7 +122,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
   return out;
 }
 
-// Block-quantized weights (quant_linear.h): codes uint8 nibbles [P, K, 8] or int8 [P, K, 16];
+// Block-quantized weights (quant_linear.h): codes uint8 nibble pairs [P, K / 2, 16] or int8 [P, K, 16];
 // scales and offsets float32 [P, K / group, 16] (offsets optional).
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                         const std::optional<at::Tensor>& offsets, int64_t group, int64_t out_features,
@@ -131,10 +131,11 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   const DType out_type = activation_dtype(x, "quant_linear input");
   const bool nibbles = codes.scalar_type() == at::kByte;
   TORCH_CHECK(codes.dim() == 3 && codes.is_contiguous() && (nibbles || codes.scalar_type() == at::kChar) &&
-                  codes.size(2) == (nibbles ? 8 : kPanelWidth),
-              "dpgate quant_linear: codes must be uint8 nibbles [P, K, 8] or int8 [P, K, 16], contiguous");
-  const int64_t P = codes.size(0), K = codes.size(1), N = out_features;
-  TORCH_CHECK(group > 0 && K % group == 0, "dpgate quant_linear: the group size must divide K");
+                  codes.size(2) == kPanelWidth,
+              "dpgate quant_linear: codes must be uint8 nibble pairs [P, K / 2, 16] or int8 [P, K, 16], contiguous");
+  const int64_t P = codes.size(0), K = codes.size(1) * (nibbles ? 2 : 1), N = out_features;
+  TORCH_CHECK(group > 0 && group % 2 == 0 && K % group == 0,
+              "dpgate quant_linear: the group size must be even and divide K");
   TORCH_CHECK(x.size(-1) == K, "dpgate quant_linear: input has ", x.size(-1), " features, weights ", K);
   TORCH_CHECK(N > 0 && N <= P * kPanelWidth, "dpgate quant_linear: out_features out of range");
   auto check_scales = [&](const at::Tensor& t, const char* what) {

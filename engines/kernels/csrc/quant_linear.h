@@ -14,7 +14,8 @@
 // path GEMM-shaped.
 //
 // Layouts (panels of 16 output columns, zero padded; P = ceil(N / 16)):
-//   nibbles [P, K, 8] uint8: byte j of panel p at k holds column 16p+j (low) and 16p+j+8 (high)
+//   nibbles [P, K / 2, 16] uint8: byte j of panel p at k / 2 holds column 16p+j's codes at the
+//           even k (low nibble) and k + 1 (high), so one load feeds two steps of the chain
 //   bytes   [P, K, 16] int8
 //   scales, offsets [P, K / G, 16] float32 (offsets may be absent: M = 0)
 #pragma once
@@ -31,11 +32,9 @@ inline void quant_tile(const QuantLinearArgs& g, int64_t row0, int64_t col0) {
   const uint8_t* codes[NV];
   const float* scales[NV];
   const float* offsets[NV];
-  int shift[NV];
   for (int j = 0; j < NV; ++j) {
     const int64_t c = col0 + int64_t(j) * L, panel = c / kPanelWidth, within = c % kPanelWidth;
-    codes[j] = g.q + (kNibbles ? panel * K * 8 : panel * K * kPanelWidth + within);
-    shift[j] = kNibbles ? int(within / 8) * 4 : 0;  // eight-lane vectors read one half of the panel
+    codes[j] = g.q + panel * K * kPanelWidth / (kNibbles ? 2 : 1) + within;
     scales[j] = g.scales + panel * groups * kPanelWidth + within;
     offsets[j] = kOffsets ? g.offsets + panel * groups * kPanelWidth + within : nullptr;
   }
@@ -45,24 +44,39 @@ inline void quant_tile(const QuantLinearArgs& g, int64_t row0, int64_t col0) {
   reg acc[MR][NV];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
+  auto dequantize = [](reg d, reg q, reg m) {
+    if constexpr (kOffsets) return V::fma(d, q, m);
+    else return V::mul(d, q);
+  };
   for (int64_t group = 0; group < groups; ++group) {
     reg d[NV], m[NV];
 #pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) {
       d[j] = V::load(scales[j] + group * kPanelWidth);
-      if constexpr (kOffsets) m[j] = V::load(offsets[j] + group * kPanelWidth);
+      m[j] = kOffsets ? V::load(offsets[j] + group * kPanelWidth) : V::zero();
     }
-    for (int64_t k = group * G; k < (group + 1) * G; ++k) {
+    if constexpr (kNibbles) {
+      // One byte holds a column's codes at k (low nibble) and k + 1 (high): two steps per load.
+      for (int64_t k = group * G; k < (group + 1) * G; k += 2) {
 #pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) {
-        reg q;
-        if constexpr (kNibbles) q = V::load_nibbles(codes[j] + k * 8, shift[j]);
-        else q = V::load(reinterpret_cast<const int8_t*>(codes[j] + k * kPanelWidth));
-        reg w;
-        if constexpr (kOffsets) w = V::fma(d[j], q, m[j]);
-        else w = V::mul(d[j], q);
+        for (int j = 0; j < NV; ++j) {
+          reg q0, q1;
+          V::load_nibble_pair(codes[j] + k / 2 * kPanelWidth, q0, q1);
+          const reg w0 = dequantize(d[j], q0, m[j]), w1 = dequantize(d[j], q1, m[j]);
 #pragma GCC unroll 16
-        for (int i = 0; i < MR; ++i) acc[i][j] = V::fma(V::set1(rows[i][k]), w, acc[i][j]);
+          for (int i = 0; i < MR; ++i) acc[i][j] = V::fma(V::set1(rows[i][k]), w0, acc[i][j]);
+#pragma GCC unroll 16
+          for (int i = 0; i < MR; ++i) acc[i][j] = V::fma(V::set1(rows[i][k + 1]), w1, acc[i][j]);
+        }
+      }
+    } else {
+      for (int64_t k = group * G; k < (group + 1) * G; ++k) {
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j) {
+          const reg w = dequantize(d[j], V::load(reinterpret_cast<const int8_t*>(codes[j] + k * kPanelWidth)), m[j]);
+#pragma GCC unroll 16
+          for (int i = 0; i < MR; ++i) acc[i][j] = V::fma(V::set1(rows[i][k]), w, acc[i][j]);
+        }
       }
     }
   }

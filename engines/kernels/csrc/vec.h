@@ -86,11 +86,12 @@ struct Scalar8 {
     for (int l = 0; l < L; ++l) r.v[l] = float(p[l]);
     return r;
   }
-  // Lane l: (p[l] >> shift) & 15, the low (shift 0) or high (shift 4) nibbles of eight bytes.
-  static DPGATE_INLINE reg load_nibbles(const uint8_t* p, int shift) {
-    reg r;
-    for (int l = 0; l < L; ++l) r.v[l] = float((p[l] >> shift) & 15);
-    return r;
+  // Lane l of lo / hi: the low / high nibble of byte p[l].
+  static DPGATE_INLINE void load_nibble_pair(const uint8_t* p, reg& lo, reg& hi) {
+    for (int l = 0; l < L; ++l) {
+      lo.v[l] = float(p[l] & 15);
+      hi.v[l] = float(p[l] >> 4);
+    }
   }
   static DPGATE_INLINE void store(float* p, reg a) {
     for (int l = 0; l < L; ++l) p[l] = a.v[l];
@@ -182,10 +183,10 @@ struct Avx2 {
     __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
   }
-  static DPGATE_INLINE reg load_nibbles(const uint8_t* p, int shift) {
-    __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    bytes = _mm256_and_si256(_mm256_srl_epi32(bytes, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32(15));
-    return _mm256_cvtepi32_ps(bytes);
+  static DPGATE_INLINE void load_nibble_pair(const uint8_t* p, reg& lo, reg& hi) {
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+    hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
   }
   static DPGATE_INLINE void store(float* p, reg a) { _mm256_storeu_ps(p, a); }
   static DPGATE_INLINE void store(bf16_t* p, reg a) {
@@ -265,14 +266,10 @@ struct Avx512 {
   static DPGATE_INLINE reg load(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
-  // Sixteen lanes = one whole panel: lanes 0..7 the low nibbles of eight bytes, 8..15 the high
-  // ones (`shift` is always 0 here: a sixteen-lane vector starts at a panel).
-  static DPGATE_INLINE reg load_nibbles(const uint8_t* p, int /*shift*/) {
-    const __m128i eight = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    __m512i bytes = _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(eight, eight));
-    const __m512i shifts = _mm512_set_epi32(4, 4, 4, 4, 4, 4, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0);
-    bytes = _mm512_and_si512(_mm512_srlv_epi32(bytes, shifts), _mm512_set1_epi32(15));
-    return _mm512_cvtepi32_ps(bytes);
+  static DPGATE_INLINE void load_nibble_pair(const uint8_t* p, reg& lo, reg& hi) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
   }
   static DPGATE_INLINE void store(float* p, reg a) { _mm512_storeu_ps(p, a); }
   static DPGATE_INLINE void store(bf16_t* p, reg a) {
