@@ -209,7 +209,7 @@ def gguf_quantized_weights(gguf: GGUFFile, config: ModelConfig) -> tuple[dict[st
     sources = {"lm_head.weight": ["token_embd.weight" if config.tie_word_embeddings else "output.weight"]}
     for i in range(config.num_layers):
         blk, prefix = f"blk.{i}.", f"layers.{i}."
-        sources[prefix + "self_attn.qkv_proj.weight"] = [blk + "attn_q.weight", blk + "attn_k.weight", blk + "attn_v.weight"]
+        sources[prefix + "self_attn.qkv_proj.weight"] = [f"{blk}attn_{p}.weight" for p in "qkv"]
         sources[prefix + "self_attn.o_proj.weight"] = [blk + "attn_output.weight"]
         sources[prefix + "mlp.gate_up_proj.weight"] = [blk + "ffn_gate.weight", blk + "ffn_up.weight"]
         sources[prefix + "mlp.down_proj.weight"] = [blk + "ffn_down.weight"]
@@ -230,9 +230,8 @@ def merge_alike(parts: list[GroupQuantized]) -> list[GroupQuantized]:
     """Concatenate neighbouring parts of the same format (fewer kernel calls, same bits)."""
     merged = [parts[0]]
     for part in parts[1:]:
-        last = merged[-1]
-        if (part.group, part.nibbles, part.offsets is None) == (last.group, last.nibbles, last.offsets is None):
-            merged[-1] = concatenate([last, part])
+        if part.kind == merged[-1].kind:
+            merged[-1] = concatenate([merged[-1], part])
         else:
             merged.append(part)
     return merged

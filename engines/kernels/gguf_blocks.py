@@ -47,6 +47,11 @@ class GroupQuantized:
     nibbles: bool
 
     @property
+    def kind(self) -> tuple[int, bool, bool]:
+        """What the kernel's layout depends on: group size, nibbles, offsets present."""
+        return self.group, self.nibbles, self.offsets is not None
+
+    @property
     def shape(self) -> tuple[int, int]:
         return self.codes.shape
 
@@ -76,7 +81,7 @@ class GroupQuantized:
 def concatenate(parts: list[GroupQuantized]) -> GroupQuantized:
     """Stack along rows (N); the parts must share group size, code kind and having offsets."""
     first = parts[0]
-    if any((p.group, p.nibbles, p.offsets is None) != (first.group, first.nibbles, first.offsets is None) for p in parts):
+    if any(p.kind != first.kind for p in parts):
         raise ValueError("cannot concatenate differently quantized tensors")
     offsets = None if first.offsets is None else np.concatenate([p.offsets for p in parts])
     return GroupQuantized(

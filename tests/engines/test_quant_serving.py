@@ -70,9 +70,7 @@ GGUF_NUMERICS = Numerics("float32", "gguf", True, "scalar", "test")
         (GGUF_NUMERICS, None, SourceKind.HF_DIRECTORY, "not a GGUF file"),
     ],
 )
-def test_where_blocks_cannot_be_served_the_log_says_why_and_int8_serves(
-    smollm2, caplog, numerics, shard, kind, reason
-):
+def test_where_blocks_cannot_be_served_the_log_says_why_and_int8_serves(smollm2, caplog, numerics, shard, kind, reason):
     source = ModelSource(kind, smollm2.path, "m")
     with caplog.at_level(logging.WARNING, logger="engines.loader"):
         assert shipped_weights(source, numerics, shard) is None

@@ -36,6 +36,7 @@ LinearPlan quant_linear_plan(int64_t M) {
 }
 
 void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
+  if (args.gemm) return quant_gemm_dispatch<Avx2, 6, 2>(args, tile_begin, tile_end);  // linear_plan(M >= 6)
 #define DPGATE_CALL(MR, NV) \
   if (plan.rows == MR && plan.vectors == NV) return quant_dispatch<Avx2, MR, NV>(args, tile_begin, tile_end);
   DPGATE_AVX2_QUANT_TILES(DPGATE_CALL)

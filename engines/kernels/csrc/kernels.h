@@ -40,7 +40,11 @@ struct QuantLinearArgs {
   DType out_type;
   int64_t ldo;
   int64_t M, N, K;
+  bool gemm;  // dequantize each column tile once and use linear_plan's float32 tiles (many rows)
 };
+
+// Row counts from which quant_linear takes the GEMM-shaped path.
+constexpr int64_t kQuantGemmRows = 8;
 
 // How the output is cut into tiles: `rows` x `vectors` registers of `lanes` columns.
 struct LinearPlan {

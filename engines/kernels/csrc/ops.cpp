@@ -153,13 +153,14 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
   if (M == 0) return out;
   QuantLinearArgs args{a.data_ptr<float>(), K, static_cast<const uint8_t*>(codes.data_ptr()), nibbles, group,
                        scales.data_ptr<float>(), offsets.has_value() ? offsets->data_ptr<float>() : nullptr,
-                       out.data_ptr(), out_type, N, M, N, K};
+                       out.data_ptr(), out_type, N, M, N, K, M >= kQuantGemmRows};
+  // The GEMM-shaped path uses linear_plan's float32 tiles (for M >= 8 each covers whole panels).
   LinearPlan plan{};
   switch (isa) {
-    case Isa::kScalar: plan = scalar::quant_linear_plan(M); break;
+    case Isa::kScalar: plan = args.gemm ? scalar::linear_plan(M) : scalar::quant_linear_plan(M); break;
 #if defined(__x86_64__)
-    case Isa::kAvx2: plan = avx2::quant_linear_plan(M); break;
-    case Isa::kAvx512: plan = avx512::quant_linear_plan(M); break;
+    case Isa::kAvx2: plan = args.gemm ? avx2::linear_plan(M) : avx2::quant_linear_plan(M); break;
+    case Isa::kAvx512: plan = args.gemm ? avx512::linear_plan(M) : avx512::quant_linear_plan(M); break;
 #else
     default: TORCH_CHECK(false, "dpgate kernels: x86 instruction sets on a non-x86 build");
 #endif
