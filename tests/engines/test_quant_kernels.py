@@ -17,9 +17,12 @@ import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as Q
 from gguf.quants import dequantize, quantize
+from torch import nn
 
 from engines import kernels
 from engines.kernels.gguf_blocks import SUPPORTED, decode
+from engines.kernels.layers import KernelLinear
+from engines.weights import merge_alike
 
 ISAS = kernels.supported_isas()
 FP16_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # byte offsets of the fp16 super-block scales
@@ -81,6 +84,17 @@ def test_rows_are_batch_invariant_and_alike_on_every_isa(qtype):
             assert torch.equal(kernels.linear(x[:m], packed, isa), alone[isa][:m]), (isa, m)
         chunks = torch.cat([kernels.linear(x[a:b], packed, isa) for a, b in ((0, 7), (7, 16), (16, 24))])
         assert torch.equal(chunks, alone[isa]), isa
+
+
+def test_a_layer_fused_from_two_formats_is_served_part_by_part_with_the_same_bits():
+    gate = decode(random_blocks(Q.Q4_1, 48, 128, seed=5), Q.Q4_1, (48, 128))
+    up = decode(random_blocks(Q.Q8_0, 40, 128, seed=6), Q.Q8_0, (40, 128))
+    parts = merge_alike([gate, up])
+    assert len(parts) == 2
+    dense = torch.from_numpy(np.concatenate([gate.dequantize(), up.dequantize()]))
+    layer = KernelLinear(nn.Linear(128, 88, bias=False), "gguf", ISAS[-1], parts)
+    x = torch.randn(9, 128, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(layer(x), kernels.linear(x, kernels.pack_weight(dense), ISAS[-1]))
 
 
 def test_bad_shapes_are_refused_with_the_rule():

@@ -3,8 +3,8 @@
 SmolLM2-135M's GGUF is Q4_1 with a Q8_0 token embedding (the tied lm_head): every linear layer is
 served from its blocks, and the logits equal the float32 kernels' over the dequantized weights
 (`--quantization none`) bit for bit, so the parity with transformers in
-test_model_vs_transformers.py holds for gguf too. Gemma 3's Q4_K_M file mixes formats inside a
-fused layer; those keep one part per format. Where the blocks cannot be served (torch's kernels,
+test_model_vs_transformers.py holds for gguf too. Gemma 3's Q4_K_M file mixes Q5_0, Q8_0, Q4_K and
+Q6_K; every linear layer is served from its blocks. Where the blocks cannot be served (torch's kernels,
 tensor-parallel ranks, a safetensors directory) the engine says so and serves int8.
 """
 
@@ -45,7 +45,7 @@ def test_smollm2_serves_every_linear_layer_from_its_blocks_with_the_dequantized_
     assert torch.equal(ModelRunner(served, 64).forward(PROMPT, 0), expected)
 
 
-def test_gemma3_fused_layers_keep_one_part_per_format():
+def test_gemma3_serves_its_mixed_formats_as_shipped():
     with GGUFFile(resolve_model("gemma3-270m").path) as gguf:
         config = config_from_gguf(gguf.metadata, set(gguf.tensors))
         weights, left_out = gguf_quantized_weights(gguf, config)
@@ -56,7 +56,9 @@ def test_gemma3_fused_layers_keep_one_part_per_format():
             parts = weights[f"layers.{i}.self_attn.qkv_proj.weight"]
             dense = np.concatenate([gguf.tensor(n) for n in names])
             assert np.array_equal(np.concatenate([p.dequantize() for p in parts]), dense)
-        assert any(len(parts) > 1 for parts in weights.values())  # Q4_K_M mixes formats in a fused layer
+        kinds = {part.kind for parts in weights.values() for part in parts}
+        # Q5_0/Q8_0 (int8 codes, groups of 32) merge in a fused qkv; Q4_K nibbles; Q6_K groups of 16
+        assert kinds == {(32, False, False), (32, True, True), (16, False, False)}
 
 
 GGUF_NUMERICS = Numerics("float32", "gguf", True, "scalar", "test")
