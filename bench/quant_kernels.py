@@ -16,7 +16,7 @@ step of 16 sequences, 256: one prompt's prefill) on:
 It also says whether each torch op reproduces the GGUF grid: their scale formats hold d but
 Q4_1's zero point m + 8 d is a rounded sum, and neither is batch invariant by contract.
 
-    python bench/quant_kernels.py [--rows 1 16 256] [--isa avx2] [--threads 2] [--repeat 5]
+    python bench/quant_kernels.py [--rows 1 16 256] [--isa avx2] [--threads 2] [--repeat 5] [--skip torch-int8]
 """
 
 from __future__ import annotations
@@ -105,6 +105,9 @@ def main() -> None:
     parser.add_argument("--isa", default=kernels.supported_isas()[-1])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--skip", nargs="*", default=[], help="paths not to time (torch-int8 takes minutes at 256 rows)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     layers = {name: build(shape, GGMLQuantizationType.Q4_1, i) for i, (name, shape) in enumerate(SHAPES.items())}
@@ -122,10 +125,11 @@ def main() -> None:
     gguf_error = (run("gguf", gate_up, x, args.isa).double() - reference).abs().max().item()
     print(f"  gguf == f32 kernel on the dequantized grid: {exact}; max |error| vs float64: gguf {gguf_error:.2e}, "
           f"torch-int4 {int4_error:.2e}")  # fmt: skip
-    paths = ["gguf", "int8", "f32", "torch-int4", "torch-int8"]
+    paths = [p for p in ["gguf", "int8", "f32", "torch-int4", "torch-int8"] if p not in args.skip]
     print(f"{'rows':>5} " + " ".join(f"{p:>11}" for p in [*paths, "gguf-gemv"]) + "   (ms per step; tokens/s)")
     for rows in args.rows:
-        times = time_step(paths + (["gguf-gemv"] if rows > 1 else []), layers, head, rows, args.isa, args.repeat)
+        gemv = ["gguf-gemv"] if rows > 1 and "gguf-gemv" not in args.skip else []
+        times = time_step(paths + gemv, layers, head, rows, args.isa, args.repeat)
         cells = " ".join(f"{times[p] * 1e3:11.2f}" if p in times else f"{'':>11}" for p in [*paths, "gguf-gemv"])
         rates = ", ".join(f"{p} {rows / t:.0f}" for p, t in times.items())
         print(f"{rows:5d} {cells}   {rates}")

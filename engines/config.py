@@ -261,7 +261,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quantization",
         default="int8",
-        help="weight storage: int8 (weight-only, the default: faster decoding) or none",
+        help="weight storage: int8 (weight-only, one scale per output row; the default: the fastest measured), "
+        "gguf (the GGUF's own quantized blocks as shipped, e.g. Q4_1, Q4_K: the file's grid exactly; layers in a "
+        "format without a kernel, and every layer under tensor parallelism or --no-batch-invariant, serve int8) "
+        "or none",
     )
     parser.add_argument(
         "--batch-invariant",

@@ -20,7 +20,7 @@ from engines.gguf_reader import GGUFFile
 from engines.kernels.layers import KernelLinear
 from engines.loader import RankShard, shipped_weights
 from engines.model_config import config_from_gguf
-from engines.model_runner import ModelRunner
+from engines.model_runner import ChunkInput, ModelRunner
 from engines.model_source import ModelSource, SourceKind, resolve_model
 from engines.numerics import Numerics
 from engines.parallel.plan import ParallelPlan
@@ -35,14 +35,20 @@ def smollm2():
     return resolve_model("smollm2-135m-instruct")
 
 
-def test_smollm2_serves_every_linear_layer_from_its_blocks_with_the_dequantized_bits(smollm2):
+def test_smollm2_serves_every_linear_layer_from_its_blocks_with_the_dequantized_bits_batch_invariantly(smollm2):
     served = load_with_kernels(smollm2, "batch-invariant", quantization="gguf")
     linears = [m for m in served.model.modules() if isinstance(m, KernelLinear)]
     assert len(linears) == 4 * served.config.num_layers + 1
     assert {m.storage for m in linears} == {"gguf"}
     dense = load_with_kernels(smollm2, "batch-invariant", quantization="none")
     expected = ModelRunner(dense, 64).forward(PROMPT, 0)
-    assert torch.equal(ModelRunner(served, 64).forward(PROMPT, 0), expected)
+    runner = ModelRunner(served, 64, num_blocks=16)
+    assert torch.equal(runner.forward(PROMPT, 0), expected)
+    # Alone vs beside other sequences in one step, and as a chunked prefill: the same bits.
+    before, after = ChunkInput(PROMPT[::-1] * 3, 0, range(4, 7)), ChunkInput(PROMPT[:7], 0, range(8, 9))
+    assert torch.equal(runner.execute([before, ChunkInput(PROMPT, 0, range(2)), after])[1], expected)
+    runner.forward(PROMPT[:5], 0)
+    assert torch.equal(runner.forward(PROMPT[5:], 5), expected)
 
 
 def test_gemma3_serves_its_mixed_formats_as_shipped():
