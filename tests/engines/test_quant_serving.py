@@ -10,12 +10,14 @@ tensor-parallel ranks, a safetensors directory) the engine says so and serves in
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 import numpy as np
 import pytest
 import torch
 
+from engines.config import ConfigError, EngineConfig, add_engine_arguments
 from engines.gguf_reader import GGUFFile
 from engines.kernels.layers import KernelLinear
 from engines.loader import RankShard, shipped_weights
@@ -83,3 +85,13 @@ def test_where_blocks_cannot_be_served_the_log_says_why_and_int8_serves(smollm2,
     with caplog.at_level(logging.WARNING, logger="engines.loader"):
         assert shipped_weights(source, numerics, shard) is None
     assert reason in caplog.text and "int8" in caplog.text
+
+
+def test_the_flag_takes_gguf_and_names_the_choices_otherwise():
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    config = EngineConfig.from_args(parser.parse_args(["--quantization", "gguf"]))
+    config.validate()
+    assert config.quantization == "gguf"
+    with pytest.raises(ConfigError, match=r"^--quantization q4 must be one of none, int8, gguf$"):
+        EngineConfig.from_args(parser.parse_args(["--quantization", "q4"])).validate()
