@@ -6,7 +6,7 @@ scales) decode to the gguf package's dequantized weights exactly; the kernel's o
 float32 kernel over those dequantized weights bit for bit on every instruction set this CPU runs
 (so the float64 reference bounds it like any float32 fma chain: |y - y64| <= K u sum|x w|, u =
 2^-24, since the weights themselves carry no error); and a row's result never depends on the
-other rows (rows alone vs in batches of 1..24, chunked as prefill splits would, every ISA alike).
+other rows (rows alone vs in batches of 1..16, chunked as prefill splits would, every ISA alike).
 """
 
 from __future__ import annotations
@@ -72,17 +72,18 @@ def test_the_kernel_is_the_float32_kernel_on_the_dequantized_grid(qtype):
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q6_K], ids=lambda q: q.name)
 def test_rows_are_batch_invariant_and_alike_on_every_isa(qtype):
-    """Nibbles with offsets (Q4_1), bytes (Q8_0) and 16-weight groups (Q6_K): each register-tile
-    shape of every ISA is met by some batch size up to 24."""
+    """Nibbles with offsets (Q4_1), bytes (Q8_0) and 16-weight groups (Q6_K): every register-tile
+    shape of every ISA, and the GEMM-shaped path from 8 rows with its partial row tiles, is met by
+    some batch size up to 16."""
     rows, columns = 200, 256
     packed = kernels.pack_quantized(decode(random_blocks(qtype, rows, columns, seed=3), qtype, (rows, columns)))
-    x = torch.randn(24, columns, generator=torch.Generator().manual_seed(4))
-    alone = {isa: torch.cat([kernels.linear(x[r : r + 1], packed, isa) for r in range(24)]) for isa in ISAS}
+    x = torch.randn(16, columns, generator=torch.Generator().manual_seed(4))
+    alone = {isa: torch.cat([kernels.linear(x[r : r + 1], packed, isa) for r in range(16)]) for isa in ISAS}
     for isa in ISAS:
         assert torch.equal(alone[isa], alone["scalar"]), isa
-        for m in range(1, 25):
+        for m in range(1, 17):
             assert torch.equal(kernels.linear(x[:m], packed, isa), alone[isa][:m]), (isa, m)
-        chunks = torch.cat([kernels.linear(x[a:b], packed, isa) for a, b in ((0, 7), (7, 16), (16, 24))])
+        chunks = torch.cat([kernels.linear(x[a:b], packed, isa) for a, b in ((0, 3), (3, 12), (12, 16))])
         assert torch.equal(chunks, alone[isa]), isa
 
 
