@@ -19,7 +19,7 @@ from engines.scheduler import SchedulerConfig
 
 # Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
 DTYPES = (AUTO_DTYPE, "bfloat16", "float16", "float32")
-QUANTIZATIONS = ("none", "int8")  # see engines/quantization.py
+QUANTIZATIONS = ("none", "int8", "gguf")  # see engines/quantization.py and engines/kernels/gguf_blocks.py
 DEFAULT_PORT = 50051
 # A StatefulSet pod's hostname is `<statefulset name>-<ordinal>`; the ordinal is the DP rank.
 _HOSTNAME_ORDINAL = re.compile(r"-(0|[1-9][0-9]*)$")
@@ -261,7 +261,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quantization",
         default="int8",
-        help="weight storage: int8 (weight-only, the default: faster decoding) or none",
+        help="weight storage: int8 (weight-only, one scale per output row; the default: the fastest measured), "
+        "gguf (the GGUF's own quantized blocks as shipped, e.g. Q4_1, Q4_K: the file's grid exactly; layers in a "
+        "format without a kernel, and every layer under tensor parallelism or --no-batch-invariant, serve int8) "
+        "or none",
     )
     parser.add_argument(
         "--batch-invariant",

@@ -6,6 +6,7 @@ dequantizing weights is numpy work that releases the GIL, so the two overlap on 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from engines.gguf_reader import GGUFFile
+from engines.kernels.gguf_blocks import GroupQuantized
 from engines.kernels.layers import use_invariant_kernels
 from engines.model_config import ModelConfig, config_from_gguf, config_from_hf_dir
 from engines.model_source import ModelSource, SourceKind
@@ -29,9 +31,12 @@ from engines.weights import (
     build_model,
     gemma3_gguf_state_dict,
     gemma3_hf_state_dict,
+    gguf_quantized_weights,
     gguf_state_dict,
     hf_state_dict,
 )
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,10 +85,39 @@ def load_for_serving(
     return apply_numerics(load(source, numerics.torch_dtype, shard, with_tokenizer), numerics)
 
 
+def shipped_weights(
+    source: ModelSource, numerics: Numerics, shard: RankShard | None = None
+) -> dict[str, list[GroupQuantized]] | None:
+    """For `--quantization gguf`: the GGUF's quantized linear weights by parameter name, or None
+    where they cannot be served as shipped (then every linear layer is int8, and the log says why).
+    Weights in a format without a kernel are left out (int8 too), each named in the log."""
+    if numerics.quantization != "gguf":
+        return None
+    reason = None
+    if source.kind is not SourceKind.GGUF:
+        reason = "the checkpoint is not a GGUF file"
+    elif not numerics.batch_invariant:
+        reason = "torch's kernels (--no-batch-invariant) have no GGUF block path"
+    elif shard is not None:
+        reason = "tensor-parallel ranks shard the dequantized weights"
+    if reason is not None:
+        logger.warning("--quantization gguf: %s; serving every linear layer on int8 instead", reason)
+        return None
+    with GGUFFile(source.path) as gguf:
+        config = config_from_gguf(gguf.metadata, set(gguf.tensors))
+        weights, left_out = gguf_quantized_weights(gguf, config)
+    for line in left_out:
+        logger.warning("--quantization gguf: %s; this layer is served on int8", line)
+    logger.info("--quantization gguf: %d linear weights served as shipped, %d on int8", len(weights), len(left_out))
+    return weights
+
+
 def apply_numerics(loaded: LoadedModel, numerics: Numerics) -> LoadedModel:
-    """Quantize and swap in the chosen kernels, in place; the runner reads `numerics` back."""
+    """Quantize and swap in the chosen kernels, in place; the runner reads `numerics` back.
+    `--quantization gguf` reads the GGUF's own blocks again (`shipped_weights`)."""
     if loaded.dtype != numerics.torch_dtype:
         raise ValueError(f"model loaded in {loaded.dtype}, numerics want {numerics.dtype}")
+    shipped = shipped_weights(loaded.source, numerics, loaded.shard)
     if numerics.batch_invariant:
         config = loaded.plan.local_config(loaded.config)
         sizes = {"hidden_size": config.hidden_size, "head_dim": config.head_dim}
@@ -96,8 +130,8 @@ def apply_numerics(loaded: LoadedModel, numerics: Numerics) -> LoadedModel:
                 f"the batch-invariant kernels need sizes that are multiples of 8, the model has {', '.join(uneven)}; "
                 "use --no-batch-invariant"
             )
-        use_invariant_kernels(loaded.model, numerics.quantization, numerics.isa)
-    elif numerics.quantization == "int8":
+        use_invariant_kernels(loaded.model, numerics.quantization, numerics.isa, shipped)
+    elif numerics.quantization in ("int8", "gguf"):
         quantize_int8_weight_only(loaded.model)
     return replace(loaded, numerics=numerics)
 

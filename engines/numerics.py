@@ -32,7 +32,7 @@ class NumericsError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Numerics:
     dtype: str  # "float32", "bfloat16" or "float16": activations and the KV cache
-    quantization: str  # "int8" (weight-only, a scale per output row) or "none"
+    quantization: str  # "int8" (weight-only, a scale per output row), "gguf" (the file's blocks) or "none"
     batch_invariant: bool
     isa: str | None  # the kernels' instruction set when batch_invariant, else None
     reason: str  # why this dtype, in a few words, for the start-up log

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from engines.gguf_reader import GGUFFile
+from engines.kernels.gguf_blocks import SUPPORTED, GroupQuantized, concatenate, decode
 from engines.model_config import ModelConfig
 from engines.models.llama import LlamaForCausalLM
 
@@ -185,3 +186,52 @@ def build_model(
     if missing:
         raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
     return model.eval()
+
+
+def gguf_quantized_weights(gguf: GGUFFile, config: ModelConfig) -> tuple[dict[str, list[GroupQuantized]], list[str]]:
+    """The linear layers' weights as the GGUF ships them, by runner parameter name, for
+    `--quantization gguf`: each a list of row parts in order (a fused qkv or gate_up whose parts
+    are quantized differently keeps one part per format). Also one reason per weight left out
+    (a format without a kernel), which then falls back to int8. The rows are permuted and
+    concatenated exactly as `gguf_state_dict` does to the dequantized weights."""
+    rotary = config.architecture == "llama"  # a Llama GGUF stores q/k rows in llama.cpp's order
+
+    def read(name: str, permute_heads: int = 0) -> GroupQuantized:
+        info = gguf.tensors[name]
+        if info.qtype not in SUPPORTED or len(info.shape) != 2:
+            raise ValueError(f"{name} is {info.qtype.name}")
+        weight = decode(gguf.raw(name), info.qtype, info.shape)
+        if permute_heads:
+            order = unpermute_rotary_rows(np.arange(info.shape[0])[:, None], permute_heads)[:, 0]
+            weight = weight.rows(order)
+        return weight
+
+    sources = {"lm_head.weight": ["token_embd.weight" if config.tie_word_embeddings else "output.weight"]}
+    for i in range(config.num_layers):
+        blk, prefix = f"blk.{i}.", f"layers.{i}."
+        sources[prefix + "self_attn.qkv_proj.weight"] = [f"{blk}attn_{p}.weight" for p in "qkv"]
+        sources[prefix + "self_attn.o_proj.weight"] = [blk + "attn_output.weight"]
+        sources[prefix + "mlp.gate_up_proj.weight"] = [blk + "ffn_gate.weight", blk + "ffn_up.weight"]
+        sources[prefix + "mlp.down_proj.weight"] = [blk + "ffn_down.weight"]
+    heads = {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}
+    weights: dict[str, list[GroupQuantized]] = {}
+    left_out = []
+    for name, parts in sources.items():
+        try:
+            read_parts = [read(p, heads.get(p.split(".")[-2], 0) if rotary else 0) for p in parts]
+        except ValueError as error:
+            left_out.append(f"{name}: {error}, which has no kernel")
+            continue
+        weights[name] = merge_alike(read_parts)
+    return weights, left_out
+
+
+def merge_alike(parts: list[GroupQuantized]) -> list[GroupQuantized]:
+    """Concatenate neighbouring parts of the same format (fewer kernel calls, same bits)."""
+    merged = [parts[0]]
+    for part in parts[1:]:
+        if part.kind == merged[-1].kind:
+            merged[-1] = concatenate([merged[-1], part])
+        else:
+            merged.append(part)
+    return merged

@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from engines.kernels.build import KernelBuildError, build
+from engines.kernels.gguf_blocks import GroupQuantized
 
 __all__ = [
     "PANEL_WIDTH",
     "KernelBuildError",
     "PackedWeight",
+    "QuantizedWeight",
     "act_and_mul",
     "attention",
     "attention_shard",
@@ -31,6 +34,7 @@ __all__ = [
     "dcp_publish",
     "linear",
     "load",
+    "pack_quantized",
     "pack_weight",
     "rms_norm",
     "signal_store",
@@ -95,8 +99,52 @@ def pack_weight(weight: torch.Tensor, scales: torch.Tensor | None = None) -> Pac
     return PackedWeight(panels, scales, out_features)
 
 
-def linear(x: torch.Tensor, weight: PackedWeight, isa: str) -> torch.Tensor:
+class QuantizedWeight:
+    """A block-quantized weight [N, K] laid out for csrc/quant_linear.h: codes as nibble pairs
+    [P, K / 2, 16] uint8 (byte j of panel p at k / 2 holds column 16p+j's codes at the even k and
+    k + 1) or int8 [P, K, 16], and
+    float32 scales/offsets [P, K / group, 16], P = ceil(N / 16), zero padded. Packing moves the
+    GroupQuantized's integers and floats without arithmetic, so the grid is the file's."""
+
+    __slots__ = ("codes", "group", "in_features", "offsets", "out_features", "scales")
+
+    def __init__(self, codes, scales, offsets, group: int, out_features: int):
+        self.codes, self.scales, self.offsets, self.group = codes, scales, offsets, group
+        self.out_features = out_features
+        self.in_features = codes.shape[1] * (2 if codes.dtype == torch.uint8 else 1)
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.codes, self.scales] + ([self.offsets] if self.offsets is not None else [])
+        return sum(p.numel() * p.element_size() for p in parts)
+
+
+def _panels(array: np.ndarray) -> np.ndarray:
+    """[N, C] -> [ceil(N / 16), C, 16], rows zero padded to whole panels."""
+    rows = array.shape[0]
+    padded = np.zeros((-(-rows // PANEL_WIDTH) * PANEL_WIDTH, array.shape[1]), dtype=array.dtype)
+    padded[:rows] = array
+    return np.ascontiguousarray(padded.reshape(-1, PANEL_WIDTH, array.shape[1]).transpose(0, 2, 1))
+
+
+def pack_quantized(weight: GroupQuantized) -> QuantizedWeight:
+    """Lay a GroupQuantized out in the kernel's panels (see QuantizedWeight)."""
+    codes = _panels(weight.codes)
+    if weight.nibbles:
+        codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    offsets = None if weight.offsets is None else torch.from_numpy(_panels(weight.offsets))
+    return QuantizedWeight(
+        torch.from_numpy(np.ascontiguousarray(codes)), torch.from_numpy(_panels(weight.scales)), offsets,
+        weight.group, weight.shape[0],
+    )  # fmt: skip
+
+
+def linear(x: torch.Tensor, weight: PackedWeight | QuantizedWeight, isa: str) -> torch.Tensor:
     """x [..., K] (float32 or bfloat16) @ weight.T -> [..., N] in x's dtype, accumulated in float32."""
+    if isinstance(weight, QuantizedWeight):
+        return _ops().quant_linear(
+            x, weight.codes, weight.scales, weight.offsets, weight.group, weight.out_features, isa
+        )  # fmt: skip
     return _ops().linear(x, weight.panels, weight.scales, weight.out_features, isa)
 
 

@@ -3,6 +3,7 @@
 #include "dcp.h"
 #include "linear.h"
 #include "norm.h"
+#include "quant_linear.h"
 
 #if !defined(__AVX2__) || !defined(__FMA__)
 #error "isa_avx2.cpp must be compiled with -mavx2 -mfma"
@@ -23,6 +24,22 @@ void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, 
 #define DPGATE_CALL(MR, NV) \
   if (plan.rows == MR && plan.vectors == NV) return linear_dispatch<Avx2, MR, NV>(args, tile_begin, tile_end);
   DPGATE_AVX2_TILES(DPGATE_CALL)
+#undef DPGATE_CALL
+}
+
+// Quantized weights need registers for the group's scales and offsets beside the accumulators.
+#define DPGATE_AVX2_QUANT_TILES(X) X(1, 4) X(2, 4) X(3, 2) X(4, 2) X(5, 2) X(6, 2)
+
+LinearPlan quant_linear_plan(int64_t M) {
+  constexpr LinearPlan plans[] = {{1, 4, 8}, {2, 4, 8}, {3, 2, 8}, {4, 2, 8}, {5, 2, 8}, {6, 2, 8}};
+  return plans[std::min<int64_t>(std::max<int64_t>(M, 1), 6) - 1];
+}
+
+void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
+  if (args.gemm) return quant_gemm_dispatch<Avx2, 6, 2>(args, tile_begin, tile_end);  // linear_plan(M >= 6)
+#define DPGATE_CALL(MR, NV) \
+  if (plan.rows == MR && plan.vectors == NV) return quant_dispatch<Avx2, MR, NV>(args, tile_begin, tile_end);
+  DPGATE_AVX2_QUANT_TILES(DPGATE_CALL)
 #undef DPGATE_CALL
 }
 

@@ -2,6 +2,7 @@
 // (and -mavx512bw, -mavx512vl for the conversions). Its results equal the AVX2 and scalar
 // kernels' bit for bit: an output element's chain over k does not depend on the lane count.
 #include "linear.h"
+#include "quant_linear.h"
 
 #if !defined(__AVX512F__) || !defined(__AVX512BW__)
 #error "isa_avx512.cpp must be compiled with -mavx512f -mavx512bw"
@@ -22,6 +23,22 @@ void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, 
 #define DPGATE_CALL(MR, NV) \
   if (plan.rows == MR && plan.vectors == NV) return linear_dispatch<Avx512, MR, NV>(args, tile_begin, tile_end);
   DPGATE_AVX512_TILES(DPGATE_CALL)
+#undef DPGATE_CALL
+}
+
+#define DPGATE_AVX512_QUANT_TILES(X) X(1, 4) X(2, 4) X(3, 4) X(4, 4) X(5, 3) X(6, 3) X(8, 2)
+
+LinearPlan quant_linear_plan(int64_t M) {
+  constexpr LinearPlan plans[] = {{1, 4, 16}, {2, 4, 16}, {3, 4, 16}, {4, 4, 16},
+                                  {5, 3, 16}, {6, 3, 16}, {6, 3, 16}, {8, 2, 16}};
+  return plans[std::min<int64_t>(std::max<int64_t>(M, 1), 8) - 1];
+}
+
+void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
+  if (args.gemm) return quant_gemm_dispatch<Avx512, 8, 3>(args, tile_begin, tile_end);  // linear_plan(M >= 8)
+#define DPGATE_CALL(MR, NV) \
+  if (plan.rows == MR && plan.vectors == NV) return quant_dispatch<Avx512, MR, NV>(args, tile_begin, tile_end);
+  DPGATE_AVX512_QUANT_TILES(DPGATE_CALL)
 #undef DPGATE_CALL
 }
 

@@ -5,6 +5,7 @@
 #include "dcp.h"
 #include "linear.h"
 #include "norm.h"
+#include "quant_linear.h"
 
 namespace dpgate::scalar {
 
@@ -13,6 +14,14 @@ LinearPlan linear_plan(int64_t M) { return M >= 4 ? LinearPlan{4, 2, 8} : Linear
 void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
   if (plan.rows == 4) return linear_dispatch<Scalar8, 4, 2>(args, tile_begin, tile_end);
   return linear_dispatch<Scalar8, 1, 2>(args, tile_begin, tile_end);
+}
+
+LinearPlan quant_linear_plan(int64_t M) { return M >= 4 ? LinearPlan{4, 2, 8} : LinearPlan{1, 2, 8}; }
+
+void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
+  if (args.gemm) return quant_gemm_dispatch<Scalar8, 4, 2>(args, tile_begin, tile_end);  // linear_plan(M >= 4)
+  if (plan.rows == 4) return quant_dispatch<Scalar8, 4, 2>(args, tile_begin, tile_end);
+  return quant_dispatch<Scalar8, 1, 2>(args, tile_begin, tile_end);
 }
 
 void attention(const AttentionArgs& args, int64_t item_begin, int64_t item_end, int64_t item_step) {

@@ -27,6 +27,25 @@ struct LinearArgs {
   int64_t M, N, K;
 };
 
+// Block-quantized weights (quant_linear.h): w = D * q + M per group of `group` weights along k.
+struct QuantLinearArgs {
+  const float* a;  // [M, K] float32 activations, row stride lda
+  int64_t lda;
+  const uint8_t* q;       // nibbles [ceil(N / 16), K / 2, 16] or int8 bytes [ceil(N / 16), K, 16]
+  bool nibbles;
+  int64_t group;          // weights per scale along k (16 or 32); divides K
+  const float* scales;    // D: [ceil(N / 16), K / group, 16]
+  const float* offsets;   // M: like scales, or nullptr for M = 0
+  void* out;              // [M, N] of out_type, row stride ldo
+  DType out_type;
+  int64_t ldo;
+  int64_t M, N, K;
+  bool gemm;  // dequantize each column tile once and use linear_plan's float32 tiles (many rows)
+};
+
+// Row counts from which quant_linear takes the GEMM-shaped path.
+constexpr int64_t kQuantGemmRows = 8;
+
 // How the output is cut into tiles: `rows` x `vectors` registers of `lanes` columns.
 struct LinearPlan {
   int rows;
@@ -89,6 +108,9 @@ struct ActArgs {
   LinearPlan linear_plan(int64_t M);                                                  \
   void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin,     \
               int64_t tile_end);                                                      \
+  LinearPlan quant_linear_plan(int64_t M);                                            \
+  void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan,              \
+                    int64_t tile_begin, int64_t tile_end);                            \
   void attention(const AttentionArgs& args, int64_t item_begin, int64_t item_end,     \
                  int64_t item_step);                                                  \
   void rms_norm(const NormArgs& args, int64_t row_begin, int64_t row_end);            \
@@ -102,6 +124,8 @@ DPGATE_DECLARE_KERNELS(avx2)
 namespace avx512 {
 LinearPlan linear_plan(int64_t M);
 void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end);
+LinearPlan quant_linear_plan(int64_t M);
+void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end);
 }
 #endif
 

@@ -122,6 +122,65 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
   return out;
 }
 
+// Block-quantized weights (quant_linear.h): codes uint8 nibble pairs [P, K / 2, 16] or int8 [P, K, 16];
+// scales and offsets float32 [P, K / group, 16] (offsets optional).
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                        const std::optional<at::Tensor>& offsets, int64_t group, int64_t out_features,
+                        const std::string& isa_name) {
+  const Isa isa = parse_isa(isa_name);
+  const DType out_type = activation_dtype(x, "quant_linear input");
+  const bool nibbles = codes.scalar_type() == at::kByte;
+  TORCH_CHECK(codes.dim() == 3 && codes.is_contiguous() && (nibbles || codes.scalar_type() == at::kChar) &&
+                  codes.size(2) == kPanelWidth,
+              "dpgate quant_linear: codes must be uint8 nibble pairs [P, K / 2, 16] or int8 [P, K, 16], contiguous");
+  const int64_t P = codes.size(0), K = codes.size(1) * (nibbles ? 2 : 1), N = out_features;
+  TORCH_CHECK(group > 0 && group % 2 == 0 && K % group == 0,
+              "dpgate quant_linear: the group size must be even and divide K");
+  TORCH_CHECK(x.size(-1) == K, "dpgate quant_linear: input has ", x.size(-1), " features, weights ", K);
+  TORCH_CHECK(N > 0 && N <= P * kPanelWidth, "dpgate quant_linear: out_features out of range");
+  auto check_scales = [&](const at::Tensor& t, const char* what) {
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 3 && t.size(0) == P &&
+                    t.size(1) == K / group && t.size(2) == kPanelWidth,
+                "dpgate quant_linear: ", what, " must be float32 [P, K / group, 16], contiguous");
+  };
+  check_scales(scales, "scales");
+  if (offsets.has_value()) check_scales(*offsets, "offsets");
+  const at::Tensor a = x.reshape({-1, K}).to(at::kFloat).contiguous();
+  const int64_t M = a.size(0);
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = N;
+  at::Tensor out = at::empty(out_shape, x.options());
+  if (M == 0) return out;
+  QuantLinearArgs args{a.data_ptr<float>(), K, static_cast<const uint8_t*>(codes.data_ptr()), nibbles, group,
+                       scales.data_ptr<float>(), offsets.has_value() ? offsets->data_ptr<float>() : nullptr,
+                       out.data_ptr(), out_type, N, M, N, K, M >= kQuantGemmRows};
+  // The GEMM-shaped path uses linear_plan's float32 tiles (for M >= 8 each covers whole panels).
+  LinearPlan plan{};
+  switch (isa) {
+    case Isa::kScalar: plan = args.gemm ? scalar::linear_plan(M) : scalar::quant_linear_plan(M); break;
+#if defined(__x86_64__)
+    case Isa::kAvx2: plan = args.gemm ? avx2::linear_plan(M) : avx2::quant_linear_plan(M); break;
+    case Isa::kAvx512: plan = args.gemm ? avx512::linear_plan(M) : avx512::quant_linear_plan(M); break;
+#else
+    default: TORCH_CHECK(false, "dpgate kernels: x86 instruction sets on a non-x86 build");
+#endif
+  }
+  const int64_t num_vectors = (N + plan.lanes - 1) / plan.lanes;
+  const int64_t num_tiles = (num_vectors + plan.vectors - 1) / plan.vectors;
+  at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
+    switch (isa) {
+      case Isa::kScalar: return scalar::quant_linear(args, plan, begin, end);
+#if defined(__x86_64__)
+      case Isa::kAvx2: return avx2::quant_linear(args, plan, begin, end);
+      case Isa::kAvx512: return avx512::quant_linear(args, plan, begin, end);
+#else
+      default: return;
+#endif
+    }
+  });
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& key_cache,
                                              const at::Tensor& value_cache, const at::Tensor& block_tables,
                                              const at::Tensor& token_seq, const at::Tensor& positions,
@@ -304,6 +363,10 @@ at::Tensor act_and_mul(const at::Tensor& x, const std::string& activation, const
 TORCH_LIBRARY(dpgate, m) {
   m.def("supported_isas() -> str[]", &dpgate::supported_isas);
   m.def("linear(Tensor x, Tensor packed, Tensor? scales, int out_features, str isa) -> Tensor", &dpgate::linear);
+  m.def(
+      "quant_linear(Tensor x, Tensor codes, Tensor scales, Tensor? offsets, int group, int out_features, "
+      "str isa) -> Tensor",
+      &dpgate::quant_linear);
   m.def(
       "attention(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor token_seq, "
       "Tensor positions, int block_size, float scale, int window, str isa, int dcp_size, int dcp_rank, "

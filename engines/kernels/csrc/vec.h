@@ -86,6 +86,13 @@ struct Scalar8 {
     for (int l = 0; l < L; ++l) r.v[l] = float(p[l]);
     return r;
   }
+  // Lane l of lo / hi: the low / high nibble of byte p[l].
+  static DPGATE_INLINE void load_nibble_pair(const uint8_t* p, reg& lo, reg& hi) {
+    for (int l = 0; l < L; ++l) {
+      lo.v[l] = float(p[l] & 15);
+      hi.v[l] = float(p[l] >> 4);
+    }
+  }
   static DPGATE_INLINE void store(float* p, reg a) {
     for (int l = 0; l < L; ++l) p[l] = a.v[l];
   }
@@ -176,6 +183,11 @@ struct Avx2 {
     __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
   }
+  static DPGATE_INLINE void load_nibble_pair(const uint8_t* p, reg& lo, reg& hi) {
+    const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)));
+    hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4));
+  }
   static DPGATE_INLINE void store(float* p, reg a) { _mm256_storeu_ps(p, a); }
   static DPGATE_INLINE void store(bf16_t* p, reg a) {
     __m256i bits = _mm256_castps_si256(a);
@@ -253,6 +265,11 @@ struct Avx512 {
   }
   static DPGATE_INLINE reg load(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static DPGATE_INLINE void load_nibble_pair(const uint8_t* p, reg& lo, reg& hi) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    lo = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+    hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
   }
   static DPGATE_INLINE void store(float* p, reg a) { _mm512_storeu_ps(p, a); }
   static DPGATE_INLINE void store(bf16_t* p, reg a) {

@@ -1,0 +1,97 @@
+"""`--quantization gguf` on the real models: the GGUF's own blocks served, same bits as its dequantized grid.
+
+SmolLM2-135M's GGUF is Q4_1 with a Q8_0 token embedding (the tied lm_head): every linear layer is
+served from its blocks, and the logits equal the float32 kernels' over the dequantized weights
+(`--quantization none`) bit for bit, so the parity with transformers in
+test_model_vs_transformers.py holds for gguf too. Gemma 3's Q4_K_M file mixes Q5_0, Q8_0, Q4_K and
+Q6_K; every linear layer is served from its blocks. Where the blocks cannot be served (torch's kernels,
+tensor-parallel ranks, a safetensors directory) the engine says so and serves int8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from engines.config import ConfigError, EngineConfig, add_engine_arguments
+from engines.gguf_reader import GGUFFile
+from engines.kernels.layers import KernelLinear
+from engines.loader import RankShard, shipped_weights
+from engines.model_config import config_from_gguf
+from engines.model_runner import ChunkInput, ModelRunner
+from engines.model_source import ModelSource, SourceKind, resolve_model
+from engines.numerics import Numerics
+from engines.parallel.plan import ParallelPlan
+from engines.weights import gguf_quantized_weights
+from tests.engines.kernel_choice import load_with_kernels
+
+PROMPT = [1, 504, 3458, 282, 4195, 314, 260, 1345, 28, 7, 9, 21]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return resolve_model("smollm2-135m-instruct")
+
+
+def test_smollm2_serves_every_linear_layer_from_its_blocks_with_the_dequantized_bits_batch_invariantly(smollm2):
+    served = load_with_kernels(smollm2, "batch-invariant", quantization="gguf")
+    linears = [m for m in served.model.modules() if isinstance(m, KernelLinear)]
+    assert len(linears) == 4 * served.config.num_layers + 1
+    assert {m.storage for m in linears} == {"gguf"}
+    dense = load_with_kernels(smollm2, "batch-invariant", quantization="none")
+    expected = ModelRunner(dense, 64).forward(PROMPT, 0)
+    runner = ModelRunner(served, 64, num_blocks=16)
+    assert torch.equal(runner.forward(PROMPT, 0), expected)
+    # Alone vs beside other sequences in one step, and as a chunked prefill: the same bits.
+    before, after = ChunkInput(PROMPT[::-1] * 3, 0, range(4, 7)), ChunkInput(PROMPT[:7], 0, range(8, 9))
+    assert torch.equal(runner.execute([before, ChunkInput(PROMPT, 0, range(2)), after])[1], expected)
+    runner.forward(PROMPT[:5], 0)
+    assert torch.equal(runner.forward(PROMPT[5:], 5), expected)
+
+
+def test_gemma3_serves_its_mixed_formats_as_shipped():
+    with GGUFFile(resolve_model("gemma3-270m").path) as gguf:
+        config = config_from_gguf(gguf.metadata, set(gguf.tensors))
+        weights, left_out = gguf_quantized_weights(gguf, config)
+        assert left_out == []
+        assert len(weights) == 4 * config.num_layers + 1
+        for i in (0, config.num_layers - 1):
+            names = [f"blk.{i}.attn_q.weight", f"blk.{i}.attn_k.weight", f"blk.{i}.attn_v.weight"]
+            parts = weights[f"layers.{i}.self_attn.qkv_proj.weight"]
+            dense = np.concatenate([gguf.tensor(n) for n in names])
+            assert np.array_equal(np.concatenate([p.dequantize() for p in parts]), dense)
+        kinds = {part.kind for parts in weights.values() for part in parts}
+        # Q5_0/Q8_0 (int8 codes, groups of 32) merge in a fused qkv; Q4_K nibbles; Q6_K groups of 16
+        assert kinds == {(32, False, False), (32, True, True), (16, False, False)}
+
+
+GGUF_NUMERICS = Numerics("float32", "gguf", True, "scalar", "test")
+
+
+@pytest.mark.parametrize(
+    ("numerics", "shard", "kind", "reason"),
+    [
+        (Numerics("float32", "gguf", False, None, "test"), None, SourceKind.GGUF, "--no-batch-invariant"),
+        (GGUF_NUMERICS, RankShard(ParallelPlan(tp_size=2), 0), SourceKind.GGUF, "tensor-parallel"),
+        (GGUF_NUMERICS, None, SourceKind.HF_DIRECTORY, "not a GGUF file"),
+    ],
+)
+def test_where_blocks_cannot_be_served_the_log_says_why_and_int8_serves(smollm2, caplog, numerics, shard, kind, reason):
+    source = ModelSource(kind, smollm2.path, "m")
+    with caplog.at_level(logging.WARNING, logger="engines.loader"):
+        assert shipped_weights(source, numerics, shard) is None
+    assert reason in caplog.text and "int8" in caplog.text
+
+
+def test_the_flag_takes_gguf_and_names_the_choices_otherwise():
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    config = EngineConfig.from_args(parser.parse_args(["--quantization", "gguf"]))
+    config.validate()
+    assert config.quantization == "gguf"
+    with pytest.raises(ConfigError, match=r"^--quantization q4 must be one of none, int8, gguf$"):
+        EngineConfig.from_args(parser.parse_args(["--quantization", "q4"])).validate()
