@@ -119,6 +119,13 @@ def generated_section(found: dict[str, dict], runs: dict[str, dict], figures: Pa
         *plots_section(found, figures, runs, benchmarks),
         *llamacpp_section(found, runs, benchmarks),
     ]
+    from report_plots import PLOTS
+
+    drawn = set(ROWS) | {name for name, *_ in PLOTS}
+    others = [name for name in found if name not in drawn]
+    if others:
+        listed = ", ".join(f"{name} (`{name}.json`)" for name in others)
+        lines += ["### Recorded without a peer", "", f"Kept in the results directory, not tabulated: {listed}.", ""]
     if runs:
         lines += times_section(found, runs)
     return "\n".join([*lines, END])
