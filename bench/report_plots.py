@@ -22,17 +22,34 @@ def _save(figure, path: Path, title: str, record: dict) -> None:
     plt.close(figure)
 
 
+def _family(key: str, rows: list[dict]) -> str:
+    """A sweep's legend name: dpgate's configuration, or transformers' dtype and batching (its C = 1
+    point is the sequential run, named as such)."""
+    if key == "transformers":
+        return rows[-1]["system"].split(" static batch")[0].split(" sequential")[0] + ", static batch of C"
+    return rows[0]["system"]
+
+
+def _concurrency_axis(axes, concurrencies: list[int]) -> None:
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(concurrencies, [str(c) for c in concurrencies])
+    axes.minorticks_off()
+    axes.set_xlabel("requests in flight")
+    axes.grid(alpha=0.3)
+
+
 def throughput_vs_concurrency(record: dict, path: Path) -> str:
     results = record["results"]
     figure, axes = plt.subplots(figsize=(7, 4.2))
-    for rows in results["sweep"].values():
+    concurrencies = set()
+    for key, rows in results["sweep"].items():
         if rows:
             c = [row["concurrency"] for row in rows]
-            axes.plot(c, [row["output_tokens_per_s"] for row in rows], marker="o", label=rows[0]["system"])
-    axes.set_xscale("log", base=2)
-    axes.set_xlabel("requests in flight")
+            concurrencies.update(c)
+            axes.plot(c, [row["output_tokens_per_s"] for row in rows], marker="o", label=_family(key, rows))
+    _concurrency_axis(axes, sorted(concurrencies))
     axes.set_ylabel("output tokens/s")
-    axes.grid(alpha=0.3)
+    axes.set_ylim(bottom=0)
     axes.legend(fontsize=8)
     shape = f"{results['prompt_tokens']} prompt + {results['output_tokens']} output tokens a request"
     _save(figure, path, f"Serving throughput vs concurrency, SmolLM2-135M ({shape})", record)
@@ -42,19 +59,20 @@ def throughput_vs_concurrency(record: dict, path: Path) -> str:
 def latency_percentiles(record: dict, path: Path) -> str:
     sweep = record["results"]["sweep"]
     figure, (ttft, tpot) = plt.subplots(1, 2, figsize=(10, 4.2))
-    for color, rows in zip(("tab:blue", "tab:orange"), sweep.values(), strict=True):
+    concurrencies = set()
+    for color, (key, rows) in zip(("tab:blue", "tab:orange"), sweep.items(), strict=True):
         if not rows:
             continue
         c = [row["concurrency"] for row in rows]
+        concurrencies.update(c)
         for q, style in PERCENTILES:
-            label = f"{rows[0]['system']} {q}"
+            label = f"{_family(key, rows)} {q}"
             ttft.plot(c, [row[f"ttft_{q}_ms"] for row in rows], style, color=color, marker="o", label=label)
             tpot.plot(c, [row[f"tpot_{q}_ms"] for row in rows], style, color=color, marker="o", label=label)
     for axes, name in ((ttft, "time to first token (ms)"), (tpot, "time per output token (ms)")):
-        axes.set_xscale("log", base=2)
-        axes.set_xlabel("requests in flight")
+        _concurrency_axis(axes, sorted(concurrencies))
         axes.set_ylabel(name)
-        axes.grid(alpha=0.3)
+        axes.set_ylim(bottom=0)
     ttft.legend(fontsize=7)
     _save(figure, path, "TTFT and TPOT percentiles vs concurrency, SmolLM2-135M", record)
     return "Time to first token and time per output token, p50 / p90 / p99, at each concurrency."
@@ -68,8 +86,12 @@ def dcp_step_time(record: dict, path: Path) -> str:
         contexts = [row["context"] for row in rows]
         step.plot(contexts, [row["step_ms"] for row in rows], marker="o", label=label)
         attention.plot(contexts, [row["attention_ms"] for row in rows], marker="o", label=label)
+    contexts = sorted({row["context"] for config in record["results"]["configurations"] for row in config["rows"]})
     for axes, name in ((step, "decode step (ms)"), (attention, "attention, rank 0 (ms)")):
         axes.set_xscale("log", base=2)
+        axes.set_xticks(contexts, [f"{c:,}" for c in contexts])
+        axes.minorticks_off()
+        axes.set_ylim(bottom=0)
         axes.set_xlabel("context length (tokens)")
         axes.set_ylabel(name)
         axes.grid(alpha=0.3)

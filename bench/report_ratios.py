@@ -56,12 +56,15 @@ def throughput_rows(record: dict) -> list[Row]:
     served = systems["served"]
     shape = f"{served['requests']} requests x {results['prompt_tokens']}+{results['output_tokens']} tokens"
     rows = []
-    for role, setting in (("transformers-static", "16 in flight"), ("transformers-sequential", "one at a time")):
+    for role, setting in (
+        ("transformers-static", "static batches of 16"),
+        ("transformers-sequential", "one at a time"),
+    ):
         if role in systems:
             peer = systems[role]
             rows.append(
                 Row(
-                    f"serving throughput ({shape}, {setting} for the peer)",
+                    f"serving throughput ({shape}, 16 in flight; the peer {setting})",
                     served["output_tokens_per_s"],
                     peer["system"],
                     peer["output_tokens_per_s"],
