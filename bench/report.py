@@ -85,6 +85,12 @@ HELPERS = frozenset(
     {"machine", "step_clock", "results", "synthetic_engine", "report", "report_ratios", "report_plots",
      "report_render", "dpgate_peer", "llamacpp_peer", "llamacpp_build"}
 )  # fmt: skip
+# Scripts under bench/ the report does not run, and why (named in its output and in the page when present).
+NOT_RUN = {
+    "perplexity_gate": "an accuracy gate (dpgate e2e), not a performance figure",
+    "quant_kernels": "an A/B of kernel choices for one issue; it writes no --json",
+    "quant_serving": "an A/B of weight storages for one issue; it writes no --json",
+}
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -142,6 +148,9 @@ def run_all(selected: list[Benchmark], results: Path, quick: bool, timeout_s: fl
     runs_path = results / "runs.json"
     runs = json.loads(runs_path.read_text()) if runs_path.exists() else {}
     present = [b for b in selected if b.script.exists()]
+    for name, why in NOT_RUN.items():
+        if (BENCH / f"{name}.py").exists():
+            print(f"bench/{name}.py is not run by the report: {why}")
     for benchmark in selected:
         if benchmark not in present:
             print(f"{benchmark.script.relative_to(ROOT)} is not in this checkout: skipped")

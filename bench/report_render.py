@@ -128,6 +128,11 @@ def generated_section(found: dict[str, dict], runs: dict[str, dict], figures: Pa
         lines += ["### Recorded without a peer", "", f"Kept in the results directory, not tabulated: {listed}.", ""]
     if runs:
         lines += times_section(found, runs)
+    from report import BENCH, NOT_RUN
+
+    skipped = [f"`bench/{name}.py` ({why})" for name, why in NOT_RUN.items() if (BENCH / f"{name}.py").exists()]
+    if skipped:
+        lines += [f"Not run by the report: {'; '.join(skipped)}.", ""]
     return "\n".join([*lines, END])
 
 
