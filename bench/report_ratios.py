@@ -57,7 +57,7 @@ def throughput_rows(record: dict) -> list[Row]:
     shape = f"{served['requests']} requests x {results['prompt_tokens']}+{results['output_tokens']} tokens"
     rows = []
     for role, setting in (
-        ("transformers-static", "static batches of 16"),
+        ("transformers-static", "in static batches of 16"),
         ("transformers-sequential", "one at a time"),
     ):
         if role in systems:
@@ -150,7 +150,7 @@ def dcp_rows(record: dict) -> list[Row]:
     dcp, replicated = configs[(2, 2)][-1], configs[(2, 1)][-1]
     context = dcp["context"]
     return [
-        Row(f"DCP decode {what} at {context:,} tokens of context (T2 C2)", dcp[key], "T2 C1 (KV head replicated)",
+        Row(f"DCP decode {what} at {context:,} tokens of context (T2 C2)", dcp[key], "T2 C1, the KV head replicated",
             replicated[key], unit, "lower", cpu)
         for what, key, unit in (("attention", "attention_ms", "ms"), ("step", "step_ms", "ms"),
                                 ("KV bytes per rank", "kv_mb_per_rank", "MB"))

@@ -101,7 +101,7 @@ def generated_section(found: dict[str, dict], runs: dict[str, dict], figures: Pa
     for name, to_rows in ROWS.items():
         if name in found:
             rows += to_rows(found[name])
-    dates = sorted(record.get("recorded_at", "") for record in found.values())
+    dates = sorted(record["recorded_at"] for record in found.values() if record.get("recorded_at"))
     lines = [BEGIN, "", "## Summary: dpgate against its peers (generated)", ""]
     if any(record.get("quick") for record in runs.values()):
         lines += [
