@@ -10,7 +10,7 @@ calls (with DCP: the query gather, the shard attention, the exchange and the com
 ranks run the same steps in lockstep. KV bytes per rank count the context's keys and values that
 one rank holds.
 
-    python bench/dcp_scaling.py [--contexts 1024 4096 16384 32768] [--steps 5]
+    python bench/dcp_scaling.py [--contexts 1024 4096 16384 32768] [--steps 5] [--json FILE]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from contextlib import contextmanager
 
 from machine import describe_machine
+from results import add_json_argument, write_results
 
 CONFIGURATIONS = ((1, 1), (2, 1), (2, 2))
 
@@ -95,6 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     parser.add_argument("--steps", type=int, default=5)
+    add_json_argument(parser)
     args = parser.parse_args()
     print(f"Gemma 3 270M, one sequence decoding at each context length, median of {args.steps} steps")
     print(describe_machine())
@@ -117,6 +119,10 @@ def main() -> None:
             f"  {context:>6}: attention {attention[0]:.2f}x ({attention[1]:.2f}x), global layers' attention "
             f"{global_layers:.2f}x, step {step[0]:.2f}x ({step[1]:.2f}x), KV bytes per rank {kv:.2f}x"
         )
+    configurations = [{"tp": tp, "dcp": dcp, "rows": rows} for (tp, dcp), rows in results.items()]
+    write_results(
+        args.json, "dcp_scaling", {"model": "gemma3-270m", "steps": args.steps, "configurations": configurations}
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ dpgate runs as served (batch-invariant kernels, float32 activations over int8 we
 torch's kernels with the same dtype and weights (what invariance costs at batch 1), and as it
 was served before the kernels (torch, bfloat16 + int8). The CPU and its flags are printed.
 
-    python bench/engine_vs_transformers.py [--tokens 128] [--repeats 3] [--isa avx2]
+    python bench/engine_vs_transformers.py [--tokens 128] [--repeats 3] [--isa avx2] [--json FILE]
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 
 import torch
 from machine import describe_machine, engine_numerics
+from results import add_json_argument, write_results
 from step_clock import timed_greedy_generate
 
 from dpgate.v1 import generate_pb2 as pb
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--isa", choices=["avx512", "avx2", "scalar"], help="cap dpgate's kernel instruction set")
+    add_json_argument(parser)
     args = parser.parse_args()
     print(f"SmolLM2-135M-Instruct, single stream, {args.tokens} greedy tokens, best of {args.repeats}")
     print(describe_machine())
@@ -88,6 +90,12 @@ def main() -> None:
     print(f"  batch-invariant / torch kernels (same dtype, same weights): {rates[names[0]] / rates[names[1]]:.2f}x")
     print(f"  served / transformers bf16: {rates[names[0]] / rates[names[3]]:.2f}x")
     print(f"  served / transformers fp32: {rates[names[0]] / rates[names[4]]:.2f}x")
+    roles = ["served", "torch-kernels", "old-default", "transformers-bf16", "transformers-fp32"]
+    configurations = [
+        {"role": role, "name": name, "tokens_per_s": rates[name]} for role, name in zip(roles, names, strict=True)
+    ]
+    results = {"tokens": args.tokens, "repeats": args.repeats, "isa": args.isa, "configurations": configurations}
+    write_results(args.json, "engine_vs_transformers", results)
 
 
 if __name__ == "__main__":

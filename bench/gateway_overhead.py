@@ -15,6 +15,7 @@ same for every target.
 
     python bench/gateway_overhead.py                 # the figures in docs/performance.md
     python bench/gateway_overhead.py --duration 2    # quicker
+    python bench/gateway_overhead.py --json FILE     # also write the figures as JSON (bench/report.py)
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import grpc
 from grpc import aio
+from results import add_json_argument
 
 from dpgate.v1 import generate_pb2
 
@@ -159,6 +161,23 @@ def report(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
                 print(line)
 
 
+def write_json(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
+    """The figures for bench/report.py: each target's scenarios, with its role (direct, peer, dpgate)."""
+    from results import write_results
+
+    roles = dict(zip(targets, ("direct", "peer", "dpgate"), strict=True))
+    results = {
+        "tokens": args.tokens,
+        "calls": args.calls,
+        "duration_s": args.duration,
+        "concurrency": args.concurrency,
+        "targets": [
+            {"name": name, "role": roles[name], "scenarios": [asdict(r) for r in rs]} for name, rs in targets.items()
+        ],
+    }
+    write_results(args.json, "gateway_overhead", results, with_torch=False)
+
+
 def serve_bare_proxy(engine: str) -> None:
     """The peer: a grpc.aio relay of raw bytes to one engine with nothing else (no routing, metadata, metrics)."""
 
@@ -199,6 +218,7 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per throughput run")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per call from the synthetic engine")
     parser.add_argument("--bare-proxy", metavar="ENGINE", help=argparse.SUPPRESS)  # internal: run the floor
+    add_json_argument(parser)
     args = parser.parse_args()
     if args.bare_proxy:
         serve_bare_proxy(args.bare_proxy)
@@ -226,6 +246,7 @@ def main() -> int:
             "dpgate gateway": uvloop.run(measure(gateway_address, gateway.pid, args)),
         }
         report(targets, args)
+        write_json(targets, args)
     finally:
         for process in reversed(started):
             process.terminate()

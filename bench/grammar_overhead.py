@@ -10,7 +10,7 @@ decode (no prefill in the step). Also printed: the mask time per step (filling 8
 and applying them), compile time cold vs cached, and unconstrained decode while a slow schema
 compiles on the compiler's thread. Target: constrained >= 0.95x unconstrained.
 
-    python bench/grammar_overhead.py [--rounds 3] [--tokens 128]
+    python bench/grammar_overhead.py [--rounds 3] [--tokens 128] [--json FILE]
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import argparse
 import json
 import statistics
 import time
+
+from results import add_json_argument
 
 BATCH = 8
 STORY = {
@@ -80,9 +82,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=128)
+    add_json_argument(parser)
     args = parser.parse_args()
 
     from machine import describe_machine, engine_numerics
+    from results import write_results
 
     from dpgate.v1 import generate_pb2 as pb
     from engines.engine import LLMEngine
@@ -189,6 +193,34 @@ def main() -> None:
         )
     compiler.shutdown()
     slow_compiler.shutdown()
+    conditions = {
+        name: {
+            "tokens_per_s": BATCH / statistics.median(t for t, _ in times),
+            "step_ms": [1e3 * t for t, _ in times],
+            "mask_ms": [1e3 * m for _, m in times],
+        }
+        for name, times in steps.items()
+    }
+    compiles = [
+        {"schema": name, "bytes": size, "cold_ms": 1e3 * cold, "cached_ms": 1e3 * cached}
+        for name, (cold, cached, size) in compile_times.items()
+    ]
+    results = {
+        "batch": BATCH,
+        "tokens": args.tokens,
+        "rounds": args.rounds,
+        "conditions": conditions,
+        "ratio": ratio,
+        "target_ratio": 0.95,
+        "vocabulary_ms": 1e3 * vocabulary_s,
+        "compile": compiles,
+        "beside_slow_compile": {
+            "during_tokens_per_s": BATCH / statistics.median(during) if during else None,
+            "after_tokens_per_s": BATCH / statistics.median(after) if after else None,
+            "during_steps": len(during),
+        },
+    }
+    write_results(args.json, "grammar_overhead", results)
 
 
 if __name__ == "__main__":

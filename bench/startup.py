@@ -4,7 +4,7 @@ Each run is a fresh process, as a user starts it, with the caches `./dev.sh inst
 start leave behind (the kernel library, the converted tokenizer). The peer is transformers in a
 fresh process: import, load the same GGUF, and compute one token's logits.
 
-    python bench/startup.py [--runs 3]
+    python bench/startup.py [--runs 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from results import add_json_argument, write_results
 
 from tests.support.processes import free_port, running
 
@@ -50,6 +52,7 @@ def transformers_seconds_to_first_token() -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
+    add_json_argument(parser)
     args = parser.parse_args()
     from machine import describe_machine
 
@@ -59,6 +62,8 @@ def main() -> None:
     print(f"  dpgate engine to SERVING:           {' / '.join(f'{s:.1f}' for s in ours)} s")
     print(f"  transformers to a first token:      {' / '.join(f'{s:.1f}' for s in theirs)} s")
     print(f"dpgate / transformers (medians): {statistics.median(ours) / statistics.median(theirs):.2f}x the time")
+    results = {"runs": args.runs, "dpgate_to_serving_s": ours, "transformers_to_first_token_s": theirs}
+    write_results(args.json, "startup", results)
 
 
 if __name__ == "__main__":
