@@ -1,0 +1,149 @@
+"""Where a decode step's time goes: matmul kernels, attention, other ops, and Python around them.
+
+Builds the served default engine (or `--quantization`/`--isa` as `dpgate engine` would), prefills
+`--batch` sequences of 256 tokens, then times `--steps` decode steps of the whole batch through
+`LLMEngine.step()`: once bare (the wall time per step), once under torch's profiler, whose
+top-level operators are sorted into matmuls (dpgate::linear, aten::linear/mm/addmm), attention
+(dpgate::attention, SDPA, index_copy_ into the cache) and everything else. Python is the bare
+wall time minus the profiled operators' time: what the step spends outside any operator
+(scheduler, input building, module calls, sampling loops). The profiler adds a little to every
+operator, so "Python" is if anything under-counted.
+
+On a machine shared with other work, wall times mostly measure the other work. `--threads 1`
+(the default) keeps OpenMP from waiting on preempted threads, and the figures are then CPU
+times: the bare steps' process CPU time per step, split in the shares the profiled steps' wall
+time had (preemption lands on every category alike).
+
+    python bench/step_split.py [--batch 1 16] [--steps 32] [--quantization int8] [--isa avx2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+PROMPT_TOKENS = 256
+MATMUL_OPS = frozenset({"dpgate::linear", "aten::linear", "aten::mm", "aten::addmm", "aten::matmul"})
+ATTENTION_OPS = frozenset(
+    {"dpgate::attention", "aten::scaled_dot_product_attention", "aten::index_copy_", "aten::bmm", "aten::softmax"}
+)
+
+
+def category(name: str) -> str:
+    if name in MATMUL_OPS:
+        return "matmul"
+    if name in ATTENTION_OPS:
+        return "attention"
+    return "other ops"
+
+
+def build_engine(batch: int, quantization: str, isa: str | None, max_new: int):
+    from machine import engine_numerics
+
+    from engines.engine import LLMEngine
+    from engines.loader import load_for_serving
+    from engines.model_runner import ModelRunner
+    from engines.model_source import resolve_model
+    from engines.scheduler import SchedulerConfig
+
+    numerics = engine_numerics(True, isa, quantization=quantization)
+    loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), numerics)
+    max_len = PROMPT_TOKENS + max_new + 8
+    runner = ModelRunner(loaded, max_len, num_blocks=batch * max_len // 16 + 16, block_size=16)
+    runner.warm_up(batch, 512)
+    engine = LLMEngine(runner, SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=512))
+    return engine, loaded
+
+
+def add_requests(engine, loaded, batch: int, max_new: int) -> None:
+    from dpgate.v1 import generate_pb2 as pb
+    from engines.request_builder import ModelLimits, build_sequence
+
+    limits = ModelLimits("m", loaded.config.vocab_size, PROMPT_TOKENS + max_new + 8, loaded.tokenizer.eos_token_ids)
+    rng = random.Random(0)
+    for i in range(batch):
+        request = pb.GenerateRequest(
+            request_id=str(i),
+            token_ids=pb.TokenIds(ids=[rng.randrange(100, 49152) for _ in range(PROMPT_TOKENS)]),
+            sampling=pb.SamplingParams(temperature=0.0),
+            stopping=pb.StoppingCriteria(max_tokens=max_new, ignore_eos=True),
+        )
+        engine.add(build_sequence(request, limits, loaded.tokenizer.tokenizer))
+
+
+def decode_steps(engine, batch: int, steps: int) -> tuple[float, float]:
+    """Wall and CPU seconds per decode step of the full batch (prefill steps excluded)."""
+    while engine.num_running < batch or engine.scheduler.waiting or engine.last_step.num_prompt_tokens:
+        engine.step()
+    started, started_cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        engine.step()
+    return (time.perf_counter() - started) / steps, (time.process_time() - started_cpu) / steps
+
+
+def measure(batch: int, steps: int, quantization: str, isa: str | None) -> dict:
+    from torch.profiler import profile
+
+    engine, loaded = build_engine(batch, quantization, isa, 2 * steps + 8)
+    add_requests(engine, loaded, batch, 2 * steps + 8)
+    _, cpu = decode_steps(engine, batch, steps)
+    with profile() as prof:
+        started = time.perf_counter()
+        for _ in range(steps):
+            engine.step()
+        wall = (time.perf_counter() - started) / steps
+    totals: dict[str, float] = defaultdict(float)
+    top: dict[str, float] = defaultdict(float)
+    for event in prof.events():
+        if event.cpu_parent is None and event.device_type.name == "CPU" and "::" in event.name:
+            seconds = event.cpu_time_total / 1e6 / steps
+            totals[category(event.name)] += seconds
+            top[event.name] += seconds
+    split = {name: totals.get(name, 0.0) for name in ("matmul", "attention", "other ops")}
+    split["python"] = max(0.0, wall - sum(split.values()))
+    to_cpu = cpu / sum(split.values())  # profiled wall seconds -> bare CPU seconds
+    return {
+        "batch": batch,
+        "step_ms": 1e3 * cpu,
+        "split_ms": {k: 1e3 * v * to_cpu for k, v in split.items()},
+        "top_ops_ms": {k: 1e3 * v * to_cpu for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]},
+        "num_ops_per_step": sum(1 for e in prof.events() if e.cpu_parent is None and "::" in e.name) / steps,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--quantization", default="int8")
+    parser.add_argument("--isa", choices=["avx512", "avx2", "scalar"])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU times are meaningful)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from machine import describe_machine
+
+    print(describe_machine())
+    results = []
+    for batch in args.batch:
+        r = measure(batch, args.steps, args.quantization, args.isa)
+        results.append(r)
+        split = ", ".join(f"{k} {v:.2f}" for k, v in r["split_ms"].items())
+        step = f"batch {batch:>2}: {r['step_ms']:.2f} ms/step"
+        print(f"{step} ({split} ms, CPU time); {r['num_ops_per_step']:.0f} top-level ops/step")
+        for name, ms in r["top_ops_ms"].items():
+            print(f"    {name:<40}{ms:8.3f} ms")
+    if args.json:
+        args.json.write_text(json.dumps({"benchmark": "step_split", "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    main()
