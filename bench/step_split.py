@@ -2,17 +2,17 @@
 
 Builds the served default engine (or `--quantization`/`--isa` as `dpgate engine` would), prefills
 `--batch` sequences of 256 tokens, then times `--steps` decode steps of the whole batch through
-`LLMEngine.step()`: once bare (the wall time per step), once under torch's profiler, whose
-top-level operators are sorted into matmuls (dpgate::linear, aten::linear/mm/addmm), attention
+`LLMEngine.step()`: once bare (the time per step), once under torch's profiler, whose top-level
+operators are sorted into matmuls (dpgate::linear, aten::linear/mm/addmm), attention
 (dpgate::attention, SDPA, index_copy_ into the cache) and everything else. Python is the bare
-wall time minus the profiled operators' time: what the step spends outside any operator
-(scheduler, input building, module calls, sampling loops). The profiler adds a little to every
-operator, so "Python" is if anything under-counted.
+step's time minus the operators' time: what the step spends outside any operator (scheduler,
+input building, module calls, sampling loops). The profiler adds a little to every operator, so
+"Python" is if anything under-counted.
 
 On a machine shared with other work, wall times mostly measure the other work. `--threads 1`
-(the default) keeps OpenMP from waiting on preempted threads, and the figures are then CPU
-times: the bare steps' process CPU time per step, split in the shares the profiled steps' wall
-time had (preemption lands on every category alike).
+(the default) keeps OpenMP from waiting on preempted threads; the step time is then the bare
+steps' process CPU time, an operator's time is its median call (the calls the OS preempted are
+outliers) times its number of calls, and Python is the step's CPU time minus the operators'.
 
     python bench/step_split.py [--batch 1 16] [--steps 32] [--quantization int8] [--isa avx2]
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -93,26 +94,24 @@ def measure(batch: int, steps: int, quantization: str, isa: str | None) -> dict:
     add_requests(engine, loaded, batch, 2 * steps + 8)
     _, cpu = decode_steps(engine, batch, steps)
     with profile() as prof:
-        started = time.perf_counter()
         for _ in range(steps):
             engine.step()
-        wall = (time.perf_counter() - started) / steps
-    totals: dict[str, float] = defaultdict(float)
-    top: dict[str, float] = defaultdict(float)
+    calls: dict[str, list[float]] = defaultdict(list)
     for event in prof.events():
         if event.cpu_parent is None and event.device_type.name == "CPU" and "::" in event.name:
-            seconds = event.cpu_time_total / 1e6 / steps
-            totals[category(event.name)] += seconds
-            top[event.name] += seconds
-    split = {name: totals.get(name, 0.0) for name in ("matmul", "attention", "other ops")}
-    split["python"] = max(0.0, wall - sum(split.values()))
-    to_cpu = cpu / sum(split.values())  # profiled wall seconds -> bare CPU seconds
+            calls[event.name].append(event.cpu_time_total / 1e6)
+    # An operator's time is its median call times its calls: robust to the calls the OS preempted.
+    top = {name: statistics.median(times) * len(times) / steps for name, times in calls.items()}
+    split = dict.fromkeys(("matmul", "attention", "other ops"), 0.0)
+    for name, seconds in top.items():
+        split[category(name)] += seconds
+    split["python"] = max(0.0, cpu - sum(split.values()))
     return {
         "batch": batch,
         "step_ms": 1e3 * cpu,
-        "split_ms": {k: 1e3 * v * to_cpu for k, v in split.items()},
-        "top_ops_ms": {k: 1e3 * v * to_cpu for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]},
-        "num_ops_per_step": sum(1 for e in prof.events() if e.cpu_parent is None and "::" in e.name) / steps,
+        "split_ms": {k: 1e3 * v for k, v in split.items()},
+        "top_ops_ms": {k: 1e3 * v for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]},
+        "num_ops_per_step": sum(len(times) for times in calls.values()) / steps,
     }
 
 
