@@ -11,8 +11,8 @@ input building, module calls, sampling loops). The profiler adds a little to eve
 
 On a machine shared with other work, wall times mostly measure the other work. `--threads 1`
 (the default) keeps OpenMP from waiting on preempted threads; the step time is then the bare
-steps' process CPU time, an operator's time is its median call (the calls the OS preempted are
-outliers) times its number of calls, and Python is the step's CPU time minus the operators'.
+steps' process CPU time, an operator's time is, shape by shape, its median call (the calls the OS
+preempted are outliers) times its number of calls, and Python is the step's CPU time minus the operators'.
 
     python bench/step_split.py [--batch 1 16] [--steps 32] [--quantization int8] [--isa avx2]
 """
@@ -93,15 +93,18 @@ def measure(batch: int, steps: int, quantization: str, isa: str | None) -> dict:
     engine, loaded = build_engine(batch, quantization, isa, 2 * steps + 8)
     add_requests(engine, loaded, batch, 2 * steps + 8)
     _, cpu = decode_steps(engine, batch, steps)
-    with profile() as prof:
+    with profile(record_shapes=True) as prof:
         for _ in range(steps):
             engine.step()
-    calls: dict[str, list[float]] = defaultdict(list)
+    calls: dict[tuple[str, str], list[float]] = defaultdict(list)
     for event in prof.events():
         if event.cpu_parent is None and event.device_type.name == "CPU" and "::" in event.name:
-            calls[event.name].append(event.cpu_time_total / 1e6)
-    # An operator's time is its median call times its calls: robust to the calls the OS preempted.
-    top = {name: statistics.median(times) * len(times) / steps for name, times in calls.items()}
+            calls[event.name, str(event.input_shapes)].append(event.cpu_time_total / 1e6)
+    # An operator's time is, shape by shape, its median call times its calls: robust to the calls
+    # the OS preempted (one shape per key: the lm_head's matmul is not a q_proj's).
+    top: dict[str, float] = defaultdict(float)
+    for (name, _), times in calls.items():
+        top[name] += statistics.median(times) * len(times) / steps
     split = dict.fromkeys(("matmul", "attention", "other ops"), 0.0)
     for name, seconds in top.items():
         split[category(name)] += seconds
