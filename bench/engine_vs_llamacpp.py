@@ -72,8 +72,8 @@ def make_prompts(count: int, length: int, seed: int, vocab_size: int = 49152) ->
 
 def tasks(sizes: Sizes, seed: int, warm_up: bool = False) -> list[dict]:
     """One round of work for each peer; prompts differ per round (nothing is cached across rounds)."""
-    output = 2 if warm_up else sizes.output_tokens
-    prompts = make_prompts(sizes.concurrency, sizes.prompt_tokens, seed)
+    output = 2 if warm_up else sizes.output_tokens  # a warm-up runs every code path, briefly
+    prompts = make_prompts(min(2, sizes.concurrency) if warm_up else sizes.concurrency, sizes.prompt_tokens, seed)
     return [
         {"task": "decode", "first_token": 1 + seed, "num_tokens": 8 if warm_up else sizes.decode_tokens},
         {"task": "prefill", "prompt": make_prompts(1, sizes.prompt_tokens, seed)[0]},
