@@ -1,18 +1,16 @@
 """Where a decode step's time goes: matmul kernels, attention, other ops, and Python around them.
 
 Builds the served default engine (or `--quantization`/`--isa` as `dpgate engine` would), prefills
-`--batch` sequences of 256 tokens, then times `--steps` decode steps of the whole batch through
-`LLMEngine.step()`: once bare (the time per step), once under torch's profiler, whose top-level
-operators are sorted into matmuls (dpgate::linear, aten::linear/mm/addmm), attention
-(dpgate::attention, SDPA, index_copy_ into the cache) and everything else. Python is the bare
-step's time minus the operators' time: what the step spends outside any operator (scheduler,
-input building, module calls, sampling loops). The profiler adds a little to every operator, so
-"Python" is if anything under-counted.
+`--batch` sequences of 256 tokens, then runs `--steps` decode steps of the whole batch through
+`LLMEngine.step()`: once bare, for the step's CPU time, and once with every dispatched operator
+timed by the thread's CPU clock (`OpClock`), sorted into matmuls (dpgate::linear, aten::mm and
+kin), attention (dpgate::attention, SDPA, index_copy_ into the cache) and everything else.
+Python is the bare step's CPU time minus the operators': what the step spends outside any
+operator (scheduler, input building, module calls, argument parsing, sampling loops).
 
-On a machine shared with other work, wall times mostly measure the other work. `--threads 1`
-(the default) keeps OpenMP from waiting on preempted threads; the step time is then the bare
-steps' process CPU time, an operator's time is, shape by shape, its median call (the calls the OS
-preempted are outliers) times its number of calls, and Python is the step's CPU time minus the operators'.
+CPU clocks, not wall clocks, because the machines this runs on are shared: wall times mostly
+measure the other work. `--threads 1` (the default) keeps each operator's work on the calling
+thread, where its clock can see it, and keeps OpenMP from waiting on preempted threads.
 
     python bench/step_split.py [--batch 1 16] [--steps 32] [--quantization int8] [--isa avx2]
 """
@@ -22,11 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from torch.utils._python_dispatch import TorchDispatchMode
 
 PROMPT_TOKENS = 256
 MATMUL_OPS = frozenset({"dpgate::linear", "aten::linear", "aten::mm", "aten::addmm", "aten::matmul"})
@@ -87,24 +86,33 @@ def decode_steps(engine, batch: int, steps: int) -> tuple[float, float]:
     return (time.perf_counter() - started) / steps, (time.process_time() - started_cpu) / steps
 
 
-def measure(batch: int, steps: int, quantization: str, isa: str | None) -> dict:
-    from torch.profiler import profile
+class OpClock(TorchDispatchMode):
+    """Times every operator the step dispatches with the thread's CPU clock (torch runs one
+    thread here, so an operator's work is this thread's): unlike the profiler's wall times, not
+    inflated by the OS running other work in between. Operators inside an operator are not
+    dispatched to the mode again, so nothing is counted twice."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        started = time.thread_time()
+        out = func(*args, **(kwargs or {}))
+        self.seconds[func._schema.name] += time.thread_time() - started
+        self.calls += 1
+        return out
+
+
+def measure(batch: int, steps: int, quantization: str, isa: str | None) -> dict:
     engine, loaded = build_engine(batch, quantization, isa, 2 * steps + 8)
     add_requests(engine, loaded, batch, 2 * steps + 8)
     _, cpu = decode_steps(engine, batch, steps)
-    with profile(record_shapes=True) as prof:
+    with OpClock() as clock:
         for _ in range(steps):
             engine.step()
-    calls: dict[tuple[str, str], list[float]] = defaultdict(list)
-    for event in prof.events():
-        if event.cpu_parent is None and event.device_type.name == "CPU" and "::" in event.name:
-            calls[event.name, str(event.input_shapes)].append(event.cpu_time_total / 1e6)
-    # An operator's time is, shape by shape, its median call times its calls: robust to the calls
-    # the OS preempted (one shape per key: the lm_head's matmul is not a q_proj's).
-    top: dict[str, float] = defaultdict(float)
-    for (name, _), times in calls.items():
-        top[name] += statistics.median(times) * len(times) / steps
+    top = {name: seconds / steps for name, seconds in clock.seconds.items()}
     split = dict.fromkeys(("matmul", "attention", "other ops"), 0.0)
     for name, seconds in top.items():
         split[category(name)] += seconds
@@ -114,7 +122,7 @@ def measure(batch: int, steps: int, quantization: str, isa: str | None) -> dict:
         "step_ms": 1e3 * cpu,
         "split_ms": {k: 1e3 * v for k, v in split.items()},
         "top_ops_ms": {k: 1e3 * v for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]},
-        "num_ops_per_step": sum(len(times) for times in calls.values()) / steps,
+        "num_ops_per_step": clock.calls / steps,
     }
 
 
