@@ -14,7 +14,7 @@ import torch
 from engines.block_manager import BlockManager
 from engines.grammar.bitmask import NO_MASKS, MaskBuffers, MaskedRows, mask_constrained_rows
 from engines.model_runner import ChunkInput, ModelRunner
-from engines.sampler import sample
+from engines.sampler import greedy_tokens, is_plain_greedy, sample
 from engines.scheduler import Scheduler, SchedulerConfig
 from engines.sequence import Sequence, StepOutput
 
@@ -69,7 +69,7 @@ class LLMEngine:
         if not scheduled.chunks:
             return []
         inputs = [
-            ChunkInput(c.seq.token_ids[c.start : c.start + c.num_tokens], c.start, c.seq.block_table, c.samples)
+            ChunkInput(_chunk_token_ids(c.seq, c.start, c.num_tokens), c.start, c.seq.block_table, c.samples)
             for c in scheduled.chunks
         ]
         logits = self.runner.execute(inputs)
@@ -85,12 +85,17 @@ class LLMEngine:
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, stats: StepStats) -> list[StepOutput]:
         """Row i of `logits` is seqs[i]'s next token. Constrained rows are masked first, all at once;
-        a row its grammar leaves empty ends that request with an error and is not sampled."""
+        a row its grammar leaves empty ends that request with an error and is not sampled. Plain
+        greedy rows take their argmax together (one op, one host copy), the others `sample`."""
         masked = self._mask_grammars(logits, seqs)
+        greedy = greedy_tokens(logits, _plain_greedy_rows(seqs, masked))
         outputs = []
         for row, seq in enumerate(seqs):
             if row in masked.conflicts:
                 outputs.append(seq.fail(masked.conflicts[row]))
+            elif row in greedy:
+                outputs.append(seq.append(greedy[row]))
+                stats.num_generated_tokens += 1
             else:
                 if row in masked.index:  # a scratch copy, masked; the raw row stays for logprobs
                     row_logits, raw = masked.logits[masked.index[row]], logits[row]
@@ -119,3 +124,24 @@ class LLMEngine:
         masked = mask_constrained_rows(logits, seqs, self.mask_buffers)
         self.mask_seconds += time.perf_counter() - started
         return masked
+
+
+def _plain_greedy_rows(seqs: list[Sequence], masked: MaskedRows) -> list[int]:
+    """Rows whose token is simply their argmax: greedy, unconstrained, nothing else asked."""
+    special = masked.index.keys() | masked.conflicts.keys()
+    return [
+        row
+        for row, seq in enumerate(seqs)
+        if row not in special and is_plain_greedy(seq.sampling, seq.blocked_token_ids)
+    ]
+
+
+def _chunk_token_ids(seq: Sequence, start: int, num_tokens: int) -> list[int]:
+    """seq.token_ids[start : start + num_tokens] without building prompt + output first (a decode
+    needs one output token, not a copy of the whole sequence per step)."""
+    num_prompt = len(seq.prompt_ids)
+    if start >= num_prompt:
+        return seq.output_ids[start - num_prompt : start - num_prompt + num_tokens]
+    if start + num_tokens <= num_prompt:
+        return seq.prompt_ids[start : start + num_tokens]
+    return seq.token_ids[start : start + num_tokens]

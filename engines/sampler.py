@@ -57,6 +57,29 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits
 
 
+def is_plain_greedy(params: SamplingParams, blocked_token_ids: list[int] | tuple[int, ...] = ()) -> bool:
+    """Greedy with nothing that changes the logits and no logprobs asked: `sample` would return
+    the row's first argmax and nothing else, so a step can take every such row's in one op."""
+    return (
+        params.is_greedy
+        and not params.logit_bias
+        and params.repetition_penalty == 1.0
+        and not params.presence_penalty
+        and not params.frequency_penalty
+        and params.top_logprobs is None
+        and not blocked_token_ids
+    )
+
+
+def greedy_tokens(logits: torch.Tensor, rows: list[int]) -> dict[int, SampledToken]:
+    """The argmax token of each of `rows` of `logits` [batch, vocab], in one op and one host copy.
+    Row by row the same token as `sample` (both take the first maximal index), whatever the batch."""
+    if not rows:
+        return {}
+    picked = logits.argmax(-1) if len(rows) == logits.shape[0] else logits[rows].argmax(-1)
+    return {row: SampledToken(token_id) for row, token_id in zip(rows, picked.tolist(), strict=True)}
+
+
 def sample(
     logits: torch.Tensor,
     params: SamplingParams,

@@ -50,6 +50,8 @@ class Gemma3Attention(LlamaAttention):
         self.scale = (config.query_pre_attn_scalar or config.head_dim) ** -0.5
         self.sliding_window = config.sliding_window if config.is_sliding[layer_index] else None
 
+    has_qk_norm = True
+
     def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.q_norm(q), self.k_norm(k)
 
@@ -106,8 +108,8 @@ class Gemma3ForCausalLM(nn.Module):
         hidden = self.embed_tokens(input_ids)
         # The scale is rounded to float32 and then to the model dtype, as transformers does.
         hidden = hidden * torch.tensor(config.hidden_size**0.5).to(hidden.dtype)
-        local = self.rotary_local.tables(meta.positions, hidden.dtype)
-        global_ = self.rotary_global.tables(meta.positions, hidden.dtype)
+        local = self.rotary_local.rotation(meta.positions, hidden.dtype)
+        global_ = self.rotary_global.rotation(meta.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, local if layer.is_sliding else global_, cache, meta)
         logits = self.lm_head(self.norm(hidden[meta.logits_indices])).float()

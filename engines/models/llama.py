@@ -8,6 +8,8 @@ attends to travels explicitly in `AttentionMetadata`. Numerics follow the refere
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,23 +75,42 @@ class RotaryEmbedding(nn.Module):
         self.cos_half, self.sin_half = torch.cat(blocks_cos), torch.cat(blocks_sin)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [tokens, head_dim] for `positions` [tokens], in `dtype`; looked up once per
-        step, used by every layer."""
+        """cos and sin [tokens, head_dim] for `positions` [tokens], in `dtype`."""
+        cos, sin = self._half_tables(positions)
+        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((sin, sin), dim=-1).to(dtype)
+
+    def rotation(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """The step's tables in the shape `apply_rotary` reads; looked up once per step, used by every layer."""
+        cos, sin = self._half_tables(positions)
+        cos, signed_sin = torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((-sin, sin), dim=-1).to(dtype)
+        return Rotation(cos[:, None, :], signed_sin[:, None, :])
+
+    def _half_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if positions.numel():
             deepest = int(positions.max())
             if deepest >= self.max_positions:
                 raise ValueError(f"position {deepest} is beyond the rotary table ({self.max_positions})")
             if deepest >= self.cos_half.shape[0]:
                 self._extend(deepest + 1)
-        cos, sin = self.cos_half[positions], self.sin_half[positions]
-        return torch.cat((cos, cos), dim=-1).to(dtype), torch.cat((sin, sin), dim=-1).to(dtype)
+        return self.cos_half[positions], self.sin_half[positions]
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x: [tokens, heads, head_dim] by the step's cos/sin tables [tokens, head_dim]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    """One step's rotary tables, [tokens, 1, head_dim] each so they broadcast over heads: cos, and
+    sin with the first half negated (the rotate-half sign folded into the table)."""
+
+    cos: torch.Tensor
+    signed_sin: torch.Tensor
+
+
+def apply_rotary(x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
+    """Rotate x: [tokens, heads, head_dim] in the rotate-half layout.
+
+    x * cos + rotate_half(x) * sin, where rotate_half(x) = (-x2, x1): rolling x by half a head
+    gives (x2, x1) and the table's sign supplies the minus, so the result has the same bits as
+    the reference formula ((-a) * b == a * (-b) exactly) in four ops instead of nine."""
+    return x * rotation.cos + x.roll(x.shape[-1] // 2, -1) * rotation.signed_sin
 
 
 class LlamaAttention(nn.Module):
@@ -105,6 +126,8 @@ class LlamaAttention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.sliding_window: int | None = None  # models with local layers set it per layer
 
+    has_qk_norm = False  # subclasses that normalize q and k per head set it and override normalize_qk
+
     def normalize_qk(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-head q/k normalization before the rotary embedding; Llama has none."""
         return q, k
@@ -112,17 +135,21 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,
-        rope: tuple[torch.Tensor, torch.Tensor],
+        rope: Rotation,
         cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.normalize_qk(
-            q.view(num_tokens, self.num_heads, self.head_dim), k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        )
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
+        num_tokens, num_heads, head_dim = hidden.shape[0], self.num_heads, self.head_dim
+        qkv = self.qkv_proj(hidden)
+        qk, v = qkv.split([self.q_size + self.kv_size, self.kv_size], dim=-1)
+        qk = qk.view(num_tokens, num_heads + self.num_kv_heads, head_dim)  # q's heads, then k's
+        if self.has_qk_norm:
+            q, k = self.normalize_qk(qk[:, :num_heads], qk[:, num_heads:])
+            q, k = apply_rotary(q, rope), apply_rotary(k, rope)
+        else:  # one rotation for q and k together: half the ops
+            qk = apply_rotary(qk, rope)
+            q, k = qk[:, :num_heads], qk[:, num_heads:]
+        v = v.view(num_tokens, self.num_kv_heads, head_dim)
         out = attend(q, k, v, cache, self.layer_index, meta, self.scale, sliding_window=self.sliding_window)
         return self.o_proj(out)
 
@@ -184,7 +211,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids: [num_tokens] int64 -> float32 logits [len(meta.logits_indices), vocab_size]."""
         hidden = self.embed_tokens(input_ids)
-        rope = self.rotary.tables(meta.positions, hidden.dtype)
+        rope = self.rotary.rotation(meta.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, rope, cache, meta)
         return self.lm_head(self.norm(hidden[meta.logits_indices])).float()

@@ -31,3 +31,20 @@ def test_tables_match_the_closed_form_and_refuse_positions_beyond_the_table():
     assert torch.allclose(sin, torch.cat((angles.sin(), angles.sin()), -1), atol=1e-6)
     with pytest.raises(ValueError, match="position 3000 is beyond the rotary table"):
         rotary.tables(torch.tensor([3000]), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotation_has_the_reference_formulas_bits_for_q_and_k_together(dtype):
+    """apply_rotary folds rotate-half's sign into the sin table and rotates q's and k's heads in
+    one call: the bits must be the reference x * cos + rotate_half(x) * sin, head by head."""
+    from engines.models.llama import apply_rotary
+
+    rotary = RotaryEmbedding(64, 4096, 10000.0)
+    positions = torch.tensor([0, 5, 17, 1023, 1024, 4000])
+    x = torch.randn(len(positions), 9 + 3, 64, generator=torch.Generator().manual_seed(0)).to(dtype)
+    cos, sin = rotary.tables(positions, dtype)
+    rotated_half = torch.cat((-x[..., 32:], x[..., :32]), dim=-1)
+    reference = x * cos[:, None, :] + rotated_half * sin[:, None, :]
+    together = apply_rotary(x, rotary.rotation(positions, dtype))
+    assert torch.equal(together, reference)
+    assert torch.equal(apply_rotary(x[:, :9], rotary.rotation(positions, dtype)), reference[:, :9])

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engines.sampler import filter_logits, sample
+from engines.sampler import filter_logits, greedy_tokens, is_plain_greedy, sample
 from engines.sampling_params import InvalidRequestError, SamplingParams
 
 VOCAB = 8
@@ -131,3 +131,33 @@ def test_a_grammar_masked_row_is_sampled_while_logprobs_describe_the_raw_row():
     assert sampled.logprob == pytest.approx(float(LOGITS.double().log_softmax(-1)[2]))
     assert sampled.top_logprobs[0][0] == 1  # the raw distribution's favourite, masked or not
     assert torch.equal(LOGITS, raw_before)  # the raw row is never written; the masked one may be
+
+
+@pytest.mark.parametrize(
+    ("params", "blocked", "plain"),
+    [
+        (SamplingParams(temperature=0.0), (), True),
+        (SamplingParams(temperature=0.0, top_k=5, top_p=0.5), (), True),  # filters only act when sampling
+        (SamplingParams(temperature=0.7), (), False),
+        (SamplingParams(temperature=0.0), (3,), False),
+        (SamplingParams(temperature=0.0, logit_bias={2: 5.0}), (), False),
+        (SamplingParams(temperature=0.0, repetition_penalty=1.2), (), False),
+        (SamplingParams(temperature=0.0, presence_penalty=0.5), (), False),
+        (SamplingParams(temperature=0.0, frequency_penalty=0.5), (), False),
+        (SamplingParams(temperature=0.0, top_logprobs=0), (), False),
+    ],
+)
+def test_only_greedy_rows_nothing_else_touches_are_plain(params, blocked, plain):
+    assert is_plain_greedy(params, blocked) is plain
+
+
+def test_greedy_tokens_of_a_batch_are_each_rows_own_sample():
+    """Ties included: both take the first maximal index, so a row's token never depends on the batch."""
+    batch = torch.randn(6, 50, generator=torch.Generator().manual_seed(1))
+    batch[2, 7] = batch[2, 30] = batch[2].max() + 1.0  # a tie: the first wins
+    params = SamplingParams(temperature=0.0)
+    alone = {row: sample(batch[row], params, None, [], []).token_id for row in range(6)}
+    assert alone[2] == 7
+    assert {row: t.token_id for row, t in greedy_tokens(batch, list(range(6))).items()} == alone
+    assert {row: t.token_id for row, t in greedy_tokens(batch, [4, 2]).items()} == {4: alone[4], 2: 7}
+    assert greedy_tokens(batch, []) == {}

@@ -1,0 +1,92 @@
+"""dpgate's side of bench/engine_vs_llamacpp.py: the same three figures through the engine core
+(`LLMEngine.step()`, the loop behind the gRPC server), greedy, eos ignored.
+
+- decode: one request whose prompt is one token, `num_tokens` steps of one token each (the first
+  feeds the prompt), as llama-bench's tg runs from an empty context;
+- prefill: one request of the whole prompt and max_tokens 1: one step (the token budget holds it);
+- batched: all requests added at once and run to the end under the served scheduler (decodes
+  first, then prompt chunks within the token budget). Steps that feed prompt tokens count as
+  prefill time (the decodes riding along in them included), the others as decode time; prefill
+  rate = prompt tokens / prefill time, decode rate = tokens of decode-only steps / decode time,
+  end to end = all output tokens / wall time.
+"""
+
+from __future__ import annotations
+
+import time
+
+PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 256, 128, 16
+
+
+class DpgatePeer:
+    def __init__(
+        self, quantization: str, isa: str | None, max_num_seqs: int, max_model_len: int, clock=time.perf_counter
+    ):
+        from machine import engine_numerics
+
+        from engines.config import EngineConfig
+        from engines.engine import LLMEngine
+        from engines.loader import load_for_serving
+        from engines.model_runner import ModelRunner
+        from engines.model_source import resolve_model
+        from engines.request_builder import ModelLimits
+        from engines.scheduler import SchedulerConfig
+
+        self.numerics = engine_numerics(True, isa, quantization=quantization)
+        self.loaded = loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), self.numerics)
+        budget = EngineConfig().max_num_batched_tokens  # the served default token budget
+        num_blocks = max_num_seqs * max_model_len // 16 + 16
+        runner = ModelRunner(loaded, max_model_len, num_blocks=num_blocks, block_size=16)
+        runner.warm_up(max_num_seqs, budget)
+        self.engine = LLMEngine(runner, SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget))
+        self.limits = ModelLimits("m", loaded.config.vocab_size, max_model_len, loaded.tokenizer.eos_token_ids)
+        self.next_id = 0
+        self.clock = clock
+
+    def _add(self, prompt: list[int], max_tokens: int) -> None:
+        from dpgate.v1 import generate_pb2 as pb
+        from engines.request_builder import build_sequence
+
+        request = pb.GenerateRequest(
+            request_id=str(self.next_id),
+            token_ids=pb.TokenIds(ids=prompt),
+            sampling=pb.SamplingParams(temperature=0.0),
+            stopping=pb.StoppingCriteria(max_tokens=max_tokens, ignore_eos=True),
+        )
+        self.next_id += 1
+        self.engine.add(build_sequence(request, self.limits, self.loaded.tokenizer.tokenizer))
+
+    def _run_to_end(self) -> list[tuple[float, int, int]]:
+        """(seconds, prompt tokens fed, tokens generated) of every step until the engine is idle."""
+        steps = []
+        while self.engine.has_work:
+            started = self.clock()
+            self.engine.step()
+            stats = self.engine.last_step
+            steps.append((self.clock() - started, stats.num_prompt_tokens, stats.num_generated_tokens))
+        return steps
+
+    def decode(self, first_token: int, num_tokens: int) -> float:
+        self._add([first_token], num_tokens)
+        steps = self._run_to_end()
+        return len(steps) / sum(seconds for seconds, _, _ in steps)
+
+    def prefill(self, prompt: list[int]) -> float:
+        self._add(prompt, 1)
+        steps = self._run_to_end()
+        return len(prompt) / sum(seconds for seconds, _, _ in steps)
+
+    def batched(self, prompts: list[list[int]], num_output: int) -> dict[str, float]:
+        started = self.clock()
+        for prompt in prompts:
+            self._add(prompt, num_output)
+        steps = self._run_to_end()
+        wall = self.clock() - started
+        t_pp = sum(seconds for seconds, fed, _ in steps if fed)
+        t_tg = sum(seconds for seconds, fed, _ in steps if not fed)
+        decoded = sum(generated for _, fed, generated in steps if not fed)
+        return {
+            "prefill": sum(len(p) for p in prompts) / t_pp,
+            "decode": decoded / t_tg,
+            "end_to_end": len(prompts) * num_output / wall,
+        }
