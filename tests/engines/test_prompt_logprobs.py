@@ -19,7 +19,7 @@ from engines.engine import LLMEngine
 from engines.loader import load
 from engines.model_runner import ModelRunner
 from engines.model_source import resolve_model
-from engines.prompt_logprobs import rows_per_block, score_blocks
+from engines.prompt_logprobs import PromptScoring, rows_per_block, score_blocks, score_prompt_rows
 from engines.request_builder import ModelLimits, build_sequence
 from engines.sampling_params import InvalidRequestError
 from engines.scheduler import SchedulerConfig
@@ -138,3 +138,28 @@ def test_score_blocks_stay_within_one_chunk_and_one_aligned_position_block():
     assert blocks == [[0], [1, 2, 3, 4], [5, 6], [7, 8, 9, 10], [11]]
     assert score_blocks(torch.empty(0, dtype=torch.long), token_seq, positions, 4) == []
     assert rows_per_block(49152) == 85 and rows_per_block(262144) == 16 and rows_per_block(1 << 30) == 1
+
+
+def test_the_lm_head_only_ever_sees_blocks_of_exactly_r_rows():
+    """Memory stays bounded by R rows of logits whatever the prompt length, and every call has
+    the same shape (the padding rows are zeros and are never reported)."""
+    torch.manual_seed(0)
+    head = torch.randn(50, 8, dtype=torch.float32)  # vocab 50, hidden 8
+    shapes = []
+
+    def compute_logits(rows: torch.Tensor) -> torch.Tensor:
+        shapes.append(tuple(rows.shape))
+        return rows @ head.T
+
+    hidden = torch.randn(23, 8)
+    token_seq, positions = torch.zeros(23, dtype=torch.int32), torch.arange(23)
+    scored = torch.arange(2, 21)  # positions 2..20
+    blocks = score_blocks(scored, token_seq, positions, 4)
+    targets = list(range(19))
+    scoring = PromptScoring(targets, [1] * 19, [0] * 19, 1)
+    (got,) = score_prompt_rows(compute_logits, hidden, blocks, 4, scoring)
+    assert set(shapes) == {(4, 8)} and len(shapes) == 6  # [2,3] [4..7] [8..11] [12..15] [16..19] [20]
+    expected = (hidden[2:21] @ head.T).double().log_softmax(-1).float()
+    assert [t.token_id for t in got] == targets
+    assert [t.logprob for t in got] == [expected[i, targets[i]].item() for i in range(19)]
+    assert [t.top_logprobs[0][0] for t in got] == expected.argmax(-1).tolist()
