@@ -68,20 +68,33 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled.chunks:
             return []
-        inputs = [
-            ChunkInput(_chunk_token_ids(c.seq, c.start, c.num_tokens), c.start, c.seq.block_table, c.samples)
-            for c in scheduled.chunks
-        ]
-        logits = self.runner.execute(inputs)
+        inputs = [self._chunk_input(c.seq, c.start, c.num_tokens, c.samples) for c in scheduled.chunks]
+        step = self.runner.execute_step(inputs)
+        logits = step.logits
         stats = StepStats(num_preempted=scheduled.num_preempted)
-        for chunk in scheduled.chunks:
+        for chunk, scored in zip(scheduled.chunks, step.prompt_logprobs or [[]] * len(inputs), strict=True):
             seq = chunk.seq
+            seq.prompt_logprobs.extend(scored)
             seq.num_computed_tokens = chunk.start + chunk.num_tokens
             stats.num_prompt_tokens += max(0, min(seq.num_computed_tokens, len(seq.prompt_ids)) - chunk.start)
         outputs = self._sample([chunk.seq for chunk in scheduled.chunks if chunk.samples], logits, stats)
         stats.seconds = time.perf_counter() - started
         self.last_step = stats
         return outputs
+
+    @staticmethod
+    def _chunk_input(seq: Sequence, start: int, num_tokens: int, samples: bool) -> ChunkInput:
+        score_from, targets = seq.prompt_scoring(start, num_tokens)
+        assert not targets or score_from == len(seq.prompt_logprobs)  # scored in order, each position once
+        return ChunkInput(
+            _chunk_token_ids(seq, start, num_tokens),
+            start,
+            seq.block_table,
+            samples,
+            score_from,
+            targets,
+            seq.sampling.prompt_logprobs or 0,
+        )
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor, stats: StepStats) -> list[StepOutput]:
         """Row i of `logits` is seqs[i]'s next token. Constrained rows are masked first, all at once;

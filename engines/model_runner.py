@@ -17,6 +17,8 @@ from engines.attention import AttentionMetadata, KVCache, PrefillSlice
 from engines.block_manager import blocks_needed
 from engines.loader import LoadedModel
 from engines.parallel.step_record import StepInputs
+from engines.prompt_logprobs import PromptScoring, rows_per_block, score_blocks, score_prompt_rows
+from engines.sampler import SampledToken
 
 if TYPE_CHECKING:
     from engines.parallel.rank import RankContext
@@ -24,12 +26,28 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class ChunkInput:
-    """`token_ids` are fed at positions start.. of a sequence whose cache blocks are `block_table`."""
+    """`token_ids` are fed at positions start.. of a sequence whose cache blocks are `block_table`.
+
+    Prompt logprobs: positions score_from.. (within this chunk) are scored, position p giving the
+    logprob of `score_targets[p - score_from]` (the prompt token at p + 1) and its
+    `score_top_n` most likely alternatives."""
 
     token_ids: Sequence[int]
     start: int
     block_table: Sequence[int]
     samples: bool = True
+    score_from: int = 0
+    score_targets: Sequence[int] = ()
+    score_top_n: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepLogits:
+    """A step's result on rank 0: `logits` [num sampling chunks, vocab] float32 in chunk order, and
+    `prompt_logprobs[i]` the scored prompt tokens of chunk i (empty when it scores none)."""
+
+    logits: torch.Tensor
+    prompt_logprobs: list[list[SampledToken]]
 
 
 class ModelRunner:
@@ -62,22 +80,34 @@ class ModelRunner:
         self.cache = KVCache(
             config.num_layers, self.plan.kv_heads(config), config.head_dim, self.num_blocks, block_size, loaded.dtype
         )
+        self.score_block_rows = rows_per_block(config.vocab_size)
 
     def execute(self, chunks: Sequence[ChunkInput]) -> torch.Tensor:
         """One forward over all chunks: float32 logits [num sampling chunks, vocab], in chunk order."""
-        inputs = self.step_inputs(chunks)
-        if self.parallel is None:
-            return self.run(inputs)
+        return self.execute_step(chunks).logits
 
-        def publish_and_run() -> torch.Tensor:
+    def execute_step(self, chunks: Sequence[ChunkInput]) -> StepLogits:
+        """One forward over all chunks: the sampling chunks' logits and the chunks' prompt logprobs."""
+        inputs = self.step_inputs(chunks)
+        scoring = _scoring(chunks)
+        if self.parallel is None:
+            return self.run(inputs, scoring)
+
+        def publish_and_run() -> StepLogits:
             self.parallel.record.write(inputs)
-            return self.run(inputs)
+            return self.run(inputs, scoring)
 
         return self.parallel.step(publish_and_run)
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """This rank's share of one step (workers call it with what rank 0 published)."""
-        return self.model(inputs.token_ids, self.cache, self.metadata(inputs))
+    def run(self, inputs: StepInputs, scoring: PromptScoring | None = None) -> StepLogits:
+        """This rank's share of one step (workers call it with what rank 0 published, and no
+        `scoring`: they run the scored rows' lm_head blocks with rank 0 and drop the result)."""
+        model = self.model
+        hidden = model.hidden_states(inputs.token_ids, self.cache, self.metadata(inputs))
+        logits = model.compute_logits(hidden[inputs.logits_indices])
+        blocks = score_blocks(inputs.score_indices, inputs.token_seq, inputs.positions, self.score_block_rows)
+        prompt = score_prompt_rows(model.compute_logits, hidden, blocks, self.score_block_rows, scoring)
+        return StepLogits(logits, prompt)
 
     def forward(self, token_ids: Sequence[int], num_cached: int) -> torch.Tensor:
         """One sequence occupying blocks 0.. of the cache (tests, warm-up): logits [vocab] of its last token."""
@@ -107,7 +137,7 @@ class ModelRunner:
 
     def step_inputs(self, chunks: Sequence[ChunkInput]) -> StepInputs:
         size = self.block_size
-        token_ids, positions, token_seq, logits_indices, tables = [], [], [], [], []
+        token_ids, positions, token_seq, logits_indices, tables, score_indices = [], [], [], [], [], []
         row = 0
         for index, chunk in enumerate(chunks):
             end = chunk.start + len(chunk.token_ids)
@@ -116,6 +146,10 @@ class ModelRunner:
             table = list(chunk.block_table[: blocks_needed(end, size)])
             if len(table) < blocks_needed(end, size):
                 raise ValueError(f"block table has {len(table)} blocks; {end} tokens need {blocks_needed(end, size)}")
+            if chunk.score_targets:
+                assert chunk.start <= chunk.score_from and chunk.score_from + len(chunk.score_targets) <= end
+                first = row + chunk.score_from - chunk.start
+                score_indices.extend(range(first, first + len(chunk.score_targets)))
             token_ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start, end))
             token_seq.extend([index] * len(chunk.token_ids))
@@ -130,6 +164,7 @@ class ModelRunner:
             token_seq=torch.tensor(token_seq, dtype=torch.int32),
             block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
             logits_indices=torch.tensor(logits_indices, dtype=torch.long),
+            score_indices=torch.tensor(score_indices, dtype=torch.long),
         )
 
     def metadata(self, inputs: StepInputs) -> AttentionMetadata:
@@ -159,6 +194,18 @@ class ModelRunner:
             meta.block_tables, meta.token_seq = inputs.block_tables, inputs.token_seq
             return meta
         return _with_torch_attention_inputs(meta, inputs, cache_block)
+
+
+def _scoring(chunks: Sequence[ChunkInput]) -> PromptScoring | None:
+    """Rank 0's targets for the step's scored rows, in row order; None when no chunk scores."""
+    if not any(chunk.score_targets for chunk in chunks):
+        return None
+    targets, top_n, chunk_of_row = [], [], []
+    for index, chunk in enumerate(chunks):
+        targets.extend(chunk.score_targets)
+        top_n.extend([chunk.score_top_n] * len(chunk.score_targets))
+        chunk_of_row.extend([index] * len(chunk.score_targets))
+    return PromptScoring(targets, top_n, chunk_of_row, len(chunks))
 
 
 def _with_torch_attention_inputs(meta: AttentionMetadata, inputs: StepInputs, block_size: int) -> AttentionMetadata:

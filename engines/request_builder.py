@@ -114,6 +114,10 @@ def _prompt_ids(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder) 
 def _sampling_params(request: GenerateLike) -> SamplingParams:
     wire = request.sampling
     top_n = request.logprobs.top_n if request.HasField("logprobs") else None
+    # ChatRequest has no prompt_logprobs: a rendered conversation is not a text to score.
+    prompt_top_n = None
+    if "prompt_logprobs" in request.DESCRIPTOR.fields_by_name and request.HasField("prompt_logprobs"):
+        prompt_top_n = request.prompt_logprobs.top_n
     return SamplingParams(
         temperature=wire.temperature if wire.HasField("temperature") else 1.0,
         top_k=wire.top_k,
@@ -125,6 +129,7 @@ def _sampling_params(request: GenerateLike) -> SamplingParams:
         frequency_penalty=wire.frequency_penalty,
         logit_bias=dict(wire.logit_bias),
         top_logprobs=top_n,
+        prompt_logprobs=prompt_top_n,
     )
 
 

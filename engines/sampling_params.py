@@ -29,6 +29,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] = field(default_factory=dict)
     top_logprobs: int | None = None  # None: no logprobs; n >= 0: sampled token plus n alternatives
+    prompt_logprobs: int | None = None  # None: none; n >= 0: each prompt token's logprob plus n alternatives
 
     @property
     def is_greedy(self) -> bool:
@@ -47,6 +48,11 @@ class SamplingParams:
             require(-100.0 <= bias <= 100.0, f"sampling.logit_bias value for token {token_id} must be in [-100, 100]")
         if self.top_logprobs is not None:
             require(0 <= self.top_logprobs <= MAX_TOP_LOGPROBS, f"logprobs.top_n must be in [0, {MAX_TOP_LOGPROBS}]")
+        if self.prompt_logprobs is not None:
+            require(
+                0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
+                f"prompt_logprobs.top_n must be in [0, {MAX_TOP_LOGPROBS}]",
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,9 @@ class StepOutput:
     token_ids: list[int]
     logprobs: list[SampledToken]
     finish_reason: FinishReason | None = None
+    # On the output that carries the first generated token, when prompt logprobs were asked for:
+    # one per prompt token after the first.
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)
     stop_token_id: int | None = None
     stop_string: str | None = None
     num_prompt_tokens: int = 0
@@ -64,6 +67,9 @@ class Sequence:
     grammar_spec: GrammarSpec | None = None  # what structured_output asks for
     grammar: RequestGrammar | None = None  # its matcher, attached once the grammar has compiled
     error: InvalidRequestError | None = None
+    # Scored prompt tokens so far: entry i is prompt token i + 1 given tokens 0..i. Kept across a
+    # preemption, so recomputing the prompt never scores a position twice.
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)
     detokenizer: IncrementalDetokenizer = field(init=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +92,15 @@ class Sequence:
     def token_ids(self) -> list[int]:
         """Prompt then output: what the model has seen or will see, in order."""
         return self.prompt_ids + self.output_ids
+
+    def prompt_scoring(self, start: int, num_tokens: int) -> tuple[int, list[int]]:
+        """For a chunk of positions [start, start + num_tokens): the first position to score and the
+        prompt tokens those positions predict (empty when prompt logprobs are off or all known)."""
+        if self.sampling.prompt_logprobs is None:
+            return 0, []
+        first = max(start, len(self.prompt_logprobs))
+        end = min(start + num_tokens, len(self.prompt_ids) - 1)
+        return first, self.prompt_ids[first + 1 : end + 1] if end > first else []
 
     @property
     def blocked_token_ids(self) -> list[int]:
@@ -110,7 +125,10 @@ class Sequence:
             self._finish(FinishReason.LENGTH)
         if self.is_finished and self.stop_string is None and self.stop_token_id is None:
             self.output_text += self.detokenizer.flush()
-        return self._emit([token_id], [sampled] if sampled.logprob is not None else [])
+        output = self._emit([token_id], [sampled] if sampled.logprob is not None else [])
+        if len(self.output_ids) == 1:
+            output.prompt_logprobs = list(self.prompt_logprobs)
+        return output
 
     def abort(self) -> StepOutput:
         self._finish(FinishReason.ABORTED)

@@ -35,6 +35,7 @@ from engines.request_builder import (
     UnsupportedFeatureError,
     build_sequence,
 )
+from engines.sampler import SampledToken
 from engines.sampling_params import InvalidRequestError
 from engines.scheduler import QueueFullError, RequestTooLargeError
 from engines.sequence import FinishReason, Sequence, StepOutput
@@ -129,13 +130,17 @@ def finish_info(output: StepOutput) -> generate_pb2.FinishInfo:
 
 
 def wire_logprobs(output: StepOutput) -> list[generate_pb2.TokenLogprob]:
+    return wire_tokens(output.logprobs)
+
+
+def wire_tokens(tokens: list[SampledToken]) -> list[generate_pb2.TokenLogprob]:
     return [
         generate_pb2.TokenLogprob(
             token_id=sampled.token_id,
             logprob=sampled.logprob,
             top_logprobs=[generate_pb2.TopLogprob(token_id=t, logprob=lp) for t, lp in sampled.top_logprobs],
         )
-        for sampled in output.logprobs
+        for sampled in tokens
     ]
 
 
@@ -184,6 +189,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             response.text += output.text
             response.token_ids.extend(output.token_ids)
             response.logprobs.extend(wire_logprobs(output))
+            response.prompt_logprobs.extend(wire_tokens(output.prompt_logprobs))
             if output.finish_reason is not None:
                 response.finish.CopyFrom(finish_info(output))
         return response
@@ -195,7 +201,11 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         build = functools.partial(build_sequence, request, self.limits, self.tokenizer)
         async for seq, output in self._run("GenerateStream", build, context):
             if first:
-                prompt = generate_pb2.PromptInfo(request_id=seq.request_id, prompt_token_ids=seq.prompt_ids)
+                prompt = generate_pb2.PromptInfo(
+                    request_id=seq.request_id,
+                    prompt_token_ids=seq.prompt_ids,
+                    prompt_logprobs=wire_tokens(output.prompt_logprobs),
+                )
                 yield generate_pb2.GenerateStreamResponse(prompt_info=prompt)
                 first = False
             if output.text or output.token_ids:

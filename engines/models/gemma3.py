@@ -104,6 +104,11 @@ class Gemma3ForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids: [num_tokens] int64 -> float32 logits [len(meta.logits_indices), vocab_size]."""
+        return self.compute_logits(self.hidden_states(input_ids, cache, meta)[meta.logits_indices])
+
+    @torch.inference_mode()
+    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """The last layer's output [num_tokens, hidden_size], before the final norm."""
         config = self.config
         hidden = self.embed_tokens(input_ids)
         # The scale is rounded to float32 and then to the model dtype, as transformers does.
@@ -112,7 +117,13 @@ class Gemma3ForCausalLM(nn.Module):
         global_ = self.rotary_global.rotation(meta.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, local if layer.is_sliding else global_, cache, meta)
-        logits = self.lm_head(self.norm(hidden[meta.logits_indices])).float()
+        return hidden
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Rows of `hidden_states` [rows, hidden_size] -> float32 logits [rows, vocab_size], soft-capped."""
+        config = self.config
+        logits = self.lm_head(self.norm(hidden)).float()
         if config.final_logit_softcap is not None:
             logits = torch.tanh(logits / config.final_logit_softcap) * config.final_logit_softcap
         return logits

@@ -210,8 +210,19 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids: [num_tokens] int64 -> float32 logits [len(meta.logits_indices), vocab_size]."""
+        return self.compute_logits(self.hidden_states(input_ids, cache, meta)[meta.logits_indices])
+
+    @torch.inference_mode()
+    def hidden_states(self, input_ids: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        """The last layer's output [num_tokens, hidden_size], before the final norm: the runner picks
+        the rows it wants logits of (sampled rows, scored prompt positions)."""
         hidden = self.embed_tokens(input_ids)
         rope = self.rotary.rotation(meta.positions, hidden.dtype)
         for layer in self.layers:
             hidden = layer(hidden, rope, cache, meta)
-        return self.lm_head(self.norm(hidden[meta.logits_indices])).float()
+        return hidden
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Rows of `hidden_states` [rows, hidden_size] -> float32 logits [rows, vocab_size]."""
+        return self.lm_head(self.norm(hidden)).float()

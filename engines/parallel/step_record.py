@@ -10,7 +10,7 @@ limits and asserted in `write`, the path that fills it.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,13 +26,15 @@ class Command(enum.IntEnum):
 @dataclass(slots=True)
 class StepInputs:
     """One step: `token_ids`/`positions`/`token_seq` [tokens] (token_seq: the chunk of each
-    token), `block_tables` [chunks, width] int32 (padded with 0), `logits_indices` [sampled]."""
+    token), `block_tables` [chunks, width] int32 (padded with 0), `logits_indices` [sampled],
+    `score_indices` [scored] the rows whose prompt logprobs are wanted (ascending)."""
 
     token_ids: torch.Tensor
     positions: torch.Tensor
     token_seq: torch.Tensor
     block_tables: torch.Tensor
     logits_indices: torch.Tensor
+    score_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
 
     @property
     def num_tokens(self) -> int:
@@ -46,6 +48,7 @@ def record_specs(max_tokens: int, max_chunks: int, max_blocks: int) -> list[Tens
         TensorSpec("token_seq", (max_tokens,), torch.int32),
         TensorSpec("block_tables", (max_chunks * max_blocks,), torch.int32),
         TensorSpec("logits_indices", (max_chunks,), torch.int64),
+        TensorSpec("score_indices", (max_tokens,), torch.int64),
     ]
 
 
@@ -64,14 +67,17 @@ class StepRecord:
         assert n <= self.max_tokens, f"{n} tokens exceed the step record ({self.max_tokens})"
         assert chunks <= self.max_chunks and chunks * width <= self.max_table, "block tables exceed the step record"
         assert k <= self.max_chunks, "more sampled rows than the step record holds"
+        s = inputs.score_indices.shape[0]
+        assert s <= self.max_tokens, "more scored rows than the step record holds"
         t = self.tensors
         t["token_ids"][:n].copy_(inputs.token_ids)
         t["positions"][:n].copy_(inputs.positions)
         t["token_seq"][:n].copy_(inputs.token_seq)
         t["block_tables"][: chunks * width].copy_(inputs.block_tables.reshape(-1))
         t["logits_indices"][:k].copy_(inputs.logits_indices)
+        t["score_indices"][:s].copy_(inputs.score_indices)
         self.epoch += 1
-        self.group.broadcast_header([Command.STEP, self.epoch, n, chunks, width, k])
+        self.group.broadcast_header([Command.STEP, self.epoch, n, chunks, width, k, s])
 
     def shutdown(self) -> None:
         self.group.broadcast_header([Command.SHUTDOWN, self.epoch])
@@ -79,7 +85,7 @@ class StepRecord:
     def read(self) -> StepInputs | None:
         """Workers: wait for the next step; None means shut down. The tensors are views of the
         record, valid until rank 0 writes the next step (which it does only after this one ran)."""
-        command, epoch, n, chunks, width, k, *_ = self.group.broadcast_header()
+        command, epoch, n, chunks, width, k, s, *_ = self.group.broadcast_header()
         if command == Command.SHUTDOWN:
             return None
         self.epoch = epoch
@@ -90,4 +96,5 @@ class StepRecord:
             token_seq=t["token_seq"][:n],
             block_tables=t["block_tables"][: chunks * width].view(chunks, width),
             logits_indices=t["logits_indices"][:k],
+            score_indices=t["score_indices"][:s],
         )

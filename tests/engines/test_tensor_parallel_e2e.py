@@ -43,6 +43,7 @@ def request(prompt: list[int]) -> pb.GenerateRequest:
         sampling=pb.SamplingParams(temperature=0.0),
         stopping=pb.StoppingCriteria(max_tokens=NUM_TOKENS, ignore_eos=True),
         logprobs=pb.LogprobsOptions(top_n=5),
+        prompt_logprobs=pb.PromptLogprobsOptions(top_n=3),
     )
 
 
@@ -67,7 +68,9 @@ def single_process(one_kv_head_model, tmp_path_factory):
 
 def assert_close(expected: pb.GenerateResponse, actual: pb.GenerateResponse, tolerance: float) -> None:
     assert list(actual.token_ids) == list(expected.token_ids)
-    for want, got in zip(expected.logprobs, actual.logprobs, strict=True):
+    for want, got in zip([*expected.logprobs, *expected.prompt_logprobs], [*actual.logprobs, *actual.prompt_logprobs],
+                         strict=True):  # fmt: skip
+        assert got.token_id == want.token_id
         assert abs(want.logprob - got.logprob) <= tolerance
         assert [t.token_id for t in got.top_logprobs] == [t.token_id for t in want.top_logprobs]
         pairs = zip(want.top_logprobs, got.top_logprobs, strict=True)
@@ -88,11 +91,13 @@ def test_tensor_and_context_parallel_engines_match_one_process(one_kv_head_model
     base = single_process[0]
     assert info.num_kv_blocks == base.num_kv_blocks
     assert info.kv_capacity_tokens == dcp * base.kv_capacity_tokens == info.num_kv_blocks * info.kv_block_size
-    for expected, actual in zip(single_process[1], alone, strict=True):
+    for expected, actual, prompt in zip(single_process[1], alone, prompts(), strict=True):
+        assert [t.token_id for t in expected.prompt_logprobs] == prompt[1:]
         assert_close(expected, actual, 1e-4)
     for by_itself, in_a_batch in zip(alone, together, strict=True):  # batch invariance for this (T, C)
         assert list(in_a_batch.token_ids) == list(by_itself.token_ids)
         assert list(in_a_batch.logprobs) == list(by_itself.logprobs)
+        assert list(in_a_batch.prompt_logprobs) == list(by_itself.prompt_logprobs)
 
 
 def test_an_interleave_of_four_matches_too(one_kv_head_model, single_process, tmp_path):
