@@ -23,6 +23,7 @@ from engines.model_source import ModelSource, SourceKind
 from engines.models.gemma3 import Gemma3ForCausalLM
 from engines.models.llama import LlamaForCausalLM
 from engines.numerics import Numerics, NumericsError
+from engines.parallel.layers import split_by_output
 from engines.parallel.plan import ParallelPlan
 from engines.parallel.sharding import shard_state_dict
 from engines.quantization import quantize_int8_weight_only
@@ -160,5 +161,6 @@ def load(
             shard.plan.check_model(config)
             local = shard.plan.local_config(config)
             state = lambda: shard_state_dict(full_state(), config, shard.plan, shard.rank)  # noqa: E731
-            model = build_model(local, state, dtype, arch.model_class)
+            reshape = lambda model: split_by_output(model, config, shard.plan)  # noqa: E731
+            model = build_model(local, state, dtype, arch.model_class, reshape)
         return LoadedModel(source, config, model, tokenizer.result() if tokenizer else None, dtype, shard=shard)

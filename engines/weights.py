@@ -174,10 +174,14 @@ def build_model(
     load_state: Callable[[], dict[str, torch.Tensor]],
     dtype: torch.dtype,
     model_class: type[nn.Module] = LlamaForCausalLM,
+    reshape: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
-    """Build the model without initialising it, then assign the checkpoint's tensors in `dtype`."""
+    """Build the model without initialising it, then assign the checkpoint's tensors in `dtype`;
+    `reshape` changes layers of the meta model first (a tensor-parallel rank's shapes)."""
     with torch.device("meta"):
         model = model_class(config)
+    if reshape is not None:
+        reshape(model)
     state = {name: tensor.to(dtype) for name, tensor in load_state().items()}
     if config.tie_word_embeddings:
         state["lm_head.weight"] = state["embed_tokens.weight"]

@@ -42,6 +42,13 @@ class TensorParallelGroup:
             total = total + part
         return total
 
+    def gather_columns(self, local: torch.Tensor) -> torch.Tensor:
+        """Every rank's `local` [rows, n] side by side in rank order, [rows, size * n], on every rank."""
+        local = local.contiguous()
+        parts = [torch.empty_like(local) for _ in range(self.size)]
+        dist.all_gather(parts, local)
+        return torch.cat(parts, dim=1)
+
     def gather_columns_to_first(self, local: torch.Tensor) -> torch.Tensor:
         """Rank 0: every rank's `local` [rows, n] side by side, [rows, size * n]; others: `local`."""
         local = local.contiguous()

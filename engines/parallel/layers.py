@@ -5,8 +5,13 @@ rank's slice of the checkpoint (engines/parallel/sharding.py); these wrappers sa
 output joins the other ranks', with the collective in `forward`:
 - column-parallel (qkv_proj, gate_up_proj): each rank computes its own output columns; no
   collective, the next layer reads them where they are;
-- row-parallel (o_proj, down_proj): each rank multiplies its input slice by its weight columns,
-  and the partial sums are added over ranks;
+- output-parallel (o_proj, down_proj, which Megatron splits by input): the input slices are
+  gathered whole on every rank, each rank computes its rows of the hidden size, and the outputs
+  are gathered side by side. Splitting these layers by input would make every output a sum of T
+  partial sums, rounded differently from T = 1's one chain over k = 0..K-1; split by output, each
+  output is that one chain, on one rank, so T ranks give T = 1's bits (greedy tokens and logprobs
+  identical, which the e2e suite's greedy-identity gate checks for every topology). The price is
+  a second gather per layer (the input's), of rows x K/T values per rank;
 - vocabulary-parallel embedding: each rank looks up the ids in its rows (zeros elsewhere), and
   the lookups are added over ranks (exactly one is not zero);
 - vocabulary-parallel lm_head: each rank computes its vocabulary rows' logits, gathered side by
@@ -19,7 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engines.model_config import ModelConfig
 from engines.parallel.comm import TensorParallelGroup
+from engines.parallel.plan import ParallelPlan
 
 
 class ColumnParallelLinear(nn.Module):
@@ -33,8 +40,9 @@ class ColumnParallelLinear(nn.Module):
         return self.shard(x)
 
 
-class RowParallelLinear(nn.Module):
-    """y = sum over ranks of x_r @ W_r.T, x_r this rank's slice of the input."""
+class OutputParallelLinear(nn.Module):
+    """y = [x @ W_0.T, ..., x @ W_{T-1}.T], x gathered whole from the ranks' slices x_r and W_r
+    this rank's output rows (all K columns)."""
 
     def __init__(self, shard: nn.Module, group: TensorParallelGroup):
         super().__init__()
@@ -42,7 +50,17 @@ class RowParallelLinear(nn.Module):
         self.group = group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.group.sum_in_rank_order(self.shard(x))
+        return self.group.gather_columns(self.shard(self.group.gather_columns(x)))
+
+
+def split_by_output(model: nn.Module, config: ModelConfig, plan: ParallelPlan) -> None:
+    """Give a rank's shard-sized model (still on the meta device) o_proj and down_proj layers of
+    its hidden rows over their whole input, the shapes engines/parallel/sharding.py loads."""
+    rows = plan.hidden_rows(config)
+    for layer in model.layers:
+        attention, mlp = layer.self_attn, layer.mlp
+        attention.o_proj = nn.Linear(config.num_heads * config.head_dim, rows, bias=False, device="meta")
+        mlp.down_proj = nn.Linear(config.intermediate_size, rows, bias=False, device="meta")
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -83,6 +101,6 @@ def use_tensor_parallel(model: nn.Module, vocab_size: int, first_vocab_id: int, 
     for layer in model.layers:
         attention, mlp = layer.self_attn, layer.mlp
         attention.qkv_proj = ColumnParallelLinear(attention.qkv_proj)
-        attention.o_proj = RowParallelLinear(attention.o_proj, group)
+        attention.o_proj = OutputParallelLinear(attention.o_proj, group)
         mlp.gate_up_proj = ColumnParallelLinear(mlp.gate_up_proj)
-        mlp.down_proj = RowParallelLinear(mlp.down_proj, group)
+        mlp.down_proj = OutputParallelLinear(mlp.down_proj, group)

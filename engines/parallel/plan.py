@@ -3,7 +3,10 @@ decode-context-parallel (DCP) ranks: pure arithmetic on sizes, checked once at s
 
 TP (Megatron-style): rank r of T holds query heads [r * H/T, (r + 1) * H/T), the intermediate
 slice [r * I/T, (r + 1) * I/T) of the MLP and the vocabulary rows [r * V', (r + 1) * V') with
-V' = ceil(V / T). KV heads: with KVH >= T each rank holds KVH / T of them; with fewer, each KV
+V' = ceil(V / T). The layers Megatron splits by their input (o_proj, down_proj) are split by
+their output instead, rows [r * D/T, (r + 1) * D/T) of the hidden size D, so that each output is
+one whole sum, as at T = 1 (engines/parallel/layers.py says why).
+KV heads: with KVH >= T each rank holds KVH / T of them; with fewer, each KV
 head is replicated over T / KVH consecutive ranks (rank r holds head r * KVH // T).
 
 DCP (inside the TP group, T % C == 0): the ranks that replicate a KV head split its tokens
@@ -58,6 +61,10 @@ class ParallelPlan:
             raise ParallelConfigError(
                 f"--tensor-parallel-size {t} must divide the model's {config.num_heads} query heads"
             )
+        if config.hidden_size % t:
+            raise ParallelConfigError(
+                f"--tensor-parallel-size {t} must divide the model's hidden size {config.hidden_size}"
+            )
         kv = config.num_kv_heads
         if (kv % t if kv >= t else t % kv) or config.intermediate_size % t:
             raise ParallelConfigError(
@@ -77,6 +84,10 @@ class ParallelPlan:
     # --- one rank's share -------------------------------------------------------------------
     def heads(self, config: ModelConfig) -> int:
         return config.num_heads // self.tp_size
+
+    def hidden_rows(self, config: ModelConfig) -> int:
+        """Output rows of o_proj and down_proj on each rank."""
+        return config.hidden_size // self.tp_size
 
     def kv_heads(self, config: ModelConfig) -> int:
         return max(1, config.num_kv_heads // self.tp_size)

@@ -1,7 +1,8 @@
 """A tensor-parallel rank's share of a checkpoint: the runner's parameter names, sliced.
 
 Column-parallel layers (qkv_proj, gate_up_proj) keep their rows of this rank's heads and MLP
-slice; row-parallel ones (o_proj, down_proj) the matching columns; the embedding and an untied
+slice; o_proj and down_proj their rows of the hidden size, every column (their input is gathered
+whole: engines/parallel/layers.py); the embedding and an untied
 lm_head their vocabulary rows (the last rank's padded with zeros). Norms are replicated. Each
 slice is copied out, so once the full checkpoint is dropped a rank holds only its share.
 """
@@ -22,10 +23,6 @@ def _rows(tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
     return tensor[start:stop].clone()
 
 
-def _columns(tensor: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-    return tensor[:, start:stop].contiguous()
-
-
 def _vocabulary(tensor: torch.Tensor, plan: ParallelPlan, config: ModelConfig, rank: int) -> torch.Tensor:
     rows = plan.vocab_rows(config)
     share = tensor[rank * rows : (rank + 1) * rows]
@@ -42,6 +39,7 @@ def shard_state_dict(
     heads, kv_heads = plan.heads(config), plan.kv_heads(config)
     first_kv = plan.first_kv_head(config, rank)
     intermediate = config.intermediate_size // plan.tp_size
+    hidden_rows = (rank * plan.hidden_rows(config), (rank + 1) * plan.hidden_rows(config))
     q_rows = (rank * heads * d, (rank + 1) * heads * d)
     k_start = config.q_size + first_kv * d
     v_start = config.q_size + config.kv_size + first_kv * d
@@ -60,14 +58,12 @@ def shard_state_dict(
                     _rows(tensor, v_start, v_start + kv_heads * d),
                 ]
             )
-        elif part == "self_attn.o_proj.weight":
-            shard[name] = _columns(tensor, *q_rows)
+        elif part in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+            shard[name] = _rows(tensor, *hidden_rows)
         elif part == "mlp.gate_up_proj.weight":
             gate = _rows(tensor, rank * intermediate, (rank + 1) * intermediate)
             up_start = config.intermediate_size + rank * intermediate
             shard[name] = torch.cat([gate, _rows(tensor, up_start, up_start + intermediate)])
-        elif part == "mlp.down_proj.weight":
-            shard[name] = _columns(tensor, rank * intermediate, (rank + 1) * intermediate)
         else:  # norms (and q/k norms of Gemma): every rank holds them whole
             shard[name] = tensor
     return shard

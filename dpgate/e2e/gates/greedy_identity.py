@@ -4,9 +4,11 @@ The reference is computed once per model for the run, by a default `dpgate engin
 itself (reference_engine.py), one prompt at a time. The target then gets the same requests all at
 once (so its batches, and its prefill chunking beside other prompts, differ from the reference's),
 each unpinned and pinned to every DP rank, unary and streamed. Token ids must be identical. Where a
-request asks for logprobs they must be the same float32 bits on a T=1 topology (batch invariance:
-the same kernels, nothing depends on the batch); with T > 1 a row's sums are split over ranks, so
-logprobs may differ by that rounding, within the bound docs/engine.md states (1e-4).
+request asks for logprobs they must be the same float32 bits wherever C=1 (batch invariance: the
+same kernels, nothing depends on the batch; and tensor parallelism splits no sum, each output of a
+layer is one chain on one rank: engines/parallel/layers.py); with C > 1 attention's softmax is
+combined from the DCP ranks' partial ones, so logprobs may differ by that rounding, within the
+bound docs/engine.md states (1e-4).
 
 A reference engine that cannot start raises ReferenceEngineFailed (with its last log lines): the
 machine's failure, not the topology's.
@@ -29,7 +31,7 @@ from dpgate.v1 import generate_pb2_grpc
 NAME = "greedy-identity"
 MAX_TOKENS = 24
 TOP_LOGPROBS = 2
-# docs/engine.md: with T > 1, "greedy tokens identical and logprobs within 1e-4".
+# docs/engine.md: with C > 1, "greedy tokens identical and logprobs within 1e-4".
 SPLIT_SUM_LOGPROB_TOLERANCE = 1e-4
 # The engine's default --max-num-batched-tokens: the long prompts are prefilled in several chunks.
 DEFAULT_PREFILL_CHUNK = 512
@@ -136,7 +138,7 @@ def run(target: Target) -> GateResult:
     """Compare every (prompt, pin, unary/stream) call through the gateway with the reference."""
     topology = target.topology
     reference = reference_outputs(topology.model, target.deadline)
-    exact_logprobs = topology.tp == 1
+    exact_logprobs = topology.dcp == 1
     pins: list[int | None] = [None, *range(topology.dp)]
     cases = [(index, pin, mode) for index in range(len(PROMPTS)) for pin in pins for mode in ("unary", "stream")]
     with grpc.insecure_channel(target.gateway) as channel:
