@@ -27,8 +27,14 @@ def test_the_ci_topology_passes_end_to_end(tmp_path: Path) -> None:
     ]
     assert all(0 <= stage["duration_s"] <= stage["budget_s"] for stage in sentinel["stages"])
     assert "matches its package" in run.stage("preflight")["detail"]  # the shipped sha256 was checked
-    [smoke] = sentinel["workloads"]
-    assert smoke["name"] == "smoke" and smoke["passed"], smoke
+    smoke, greedy, structured, exact = sentinel["workloads"]
+    assert [w["name"] for w in sentinel["workloads"]] == ["smoke", "greedy-identity", "structured", "exact-match"]
+    assert all(w["passed"] for w in sentinel["workloads"]), sentinel["workloads"]
+    assert greedy["figures"]["mismatches"] == 0 and greedy["figures"]["logprobs"] == "float32 bits"
+    assert structured["figures"]["valid"] == structured["figures"]["requests"] > 0
+    # Batch invariance makes the greedy score a function of the numerics alone: the recorded
+    # baseline to the question, whatever the batching (two engines, all questions in flight).
+    assert exact["figures"]["correct"] == exact["figures"]["baseline"]
     assert smoke["figures"]["calls"] == 2 * (1 + CI_TOPOLOGY.dp)  # unpinned and pinned to each rank
     assert run.logs() == ["engine-0.log", "engine-1.log", "gateway.log"]
     assert "OK by rank 1" in (run.run_dir / "gateway.log").read_text()
