@@ -28,7 +28,8 @@ def test_the_ci_topology_passes_end_to_end(tmp_path: Path) -> None:
     assert all(0 <= stage["duration_s"] <= stage["budget_s"] for stage in sentinel["stages"])
     assert "matches its package" in run.stage("preflight")["detail"]  # the shipped sha256 was checked
     smoke, greedy, structured, exact = sentinel["workloads"]
-    assert [w["name"] for w in sentinel["workloads"]] == ["smoke", "greedy-identity", "structured", "exact-match"]
+    names = [w["name"] for w in sentinel["workloads"]]
+    assert names == ["smoke", "greedy-identity", "structured-outputs", "exact-match"]
     assert all(w["passed"] for w in sentinel["workloads"]), sentinel["workloads"]
     assert greedy["figures"]["mismatches"] == 0 and greedy["figures"]["logprobs"] == "float32 bits"
     assert structured["figures"]["valid"] == structured["figures"]["requests"] > 0

@@ -11,7 +11,7 @@ from dpgate.e2e.workloads import REGISTRY
 def test_ci_is_one_small_topology_on_local_hosts() -> None:
     [entry] = matrix("ci")
     assert entry.topology == CI_TOPOLOGY == Topology(2, 1, 1, "smollm2-135m-instruct")
-    assert entry.workloads == ("smoke",)
+    assert entry.workloads == ("smoke", "greedy-identity", "structured", "exact-match")
 
 
 def test_full_is_every_dp_tp_dcp_with_dcp_dividing_tp_on_both_models() -> None:
