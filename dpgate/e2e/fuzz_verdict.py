@@ -9,7 +9,11 @@ Documented, for what the fuzzer sends to a healthy deployment (docs/gateway.md "
 "Calls in flight", the proto comments): INVALID_ARGUMENT for bad input (fields out of range, bodies
 that are not one valid message, bad rank metadata, ranks not connected), NOT_FOUND for an unknown
 model or health service, RESOURCE_EXHAUSTED for messages or header lists over the limits and
-requests too large for the engine, UNIMPLEMENTED for unknown methods and encodings, and OK.
+requests too large for the engine, UNIMPLEMENTED for unknown methods and encodings, OK, and
+DEADLINE_EXCEEDED when the client's own deadline passed (random fields may ask a real model for
+thousands of tokens: the gateway passes the deadline on and the engine stops at it). The sender
+labels a DEADLINE_EXCEEDED that came before the call's deadline "DEADLINE_EXCEEDED:early": that
+one no server may give, and it fails the verdict.
 UNAVAILABLE is documented only for unhealthy, missing or draining engines, none of which a healthy
 deployment has: here it means a server stopped serving, so it fails the verdict like INTERNAL
 (engine failure) and UNKNOWN (an exception nobody mapped).
@@ -19,7 +23,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-DOCUMENTED_CODES = frozenset({"OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED", "UNIMPLEMENTED"})
+DOCUMENTED_CODES = frozenset(
+    {"OK", "INVALID_ARGUMENT", "NOT_FOUND", "RESOURCE_EXHAUSTED", "UNIMPLEMENTED", "DEADLINE_EXCEEDED"}
+)
+EARLY_DEADLINE = "DEADLINE_EXCEEDED:early"
 # A request cut off mid-frame cannot be answered on its stream: the gateway may only end the
 # connection, quietly or with the GOAWAY RFC 9113 names for a frame that cannot be parsed.
 CUT_FRAME_OUTCOMES = frozenset({"closed", "goaway:NO_ERROR", "goaway:PROTOCOL_ERROR", "goaway:FRAME_SIZE_ERROR"})
