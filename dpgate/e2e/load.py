@@ -11,9 +11,12 @@ is the check.
 
 Memory: VmRSS of every process in target.processes before the first round and `settle_s` after
 each. The first round grows the processes to their working size (allocator arenas, gRPC buffers,
-KV blocks touched), which they keep; a leak shows as growth again in the second, identical round.
-The verdict bounds growth after the first round by `LoadPlan.rss_tolerance_mib` (docs/e2e-load.md
-says why); the RSS before the first round is reported beside it.
+KV blocks touched), which they keep; a leak shows as growth again in every later, identical round.
+A process fails when it grew by more than `LoadPlan.rss_tolerance_mib` (docs/e2e-load.md says
+why) in each round after the first: a leak grows every round, while an allocator's high-water mark
+may step up once more when a later round's routing happens to queue more streams on one engine
+(measured: a tiny engine once +36 MiB in round 2, then flat). With two rounds that is the one
+delta. The RSS before the first round and the growth since round 1 are reported beside it.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ class LoadPlan:
     streams: int = 1000
     max_tokens: int = 4
     channels: int = 4
-    rounds: int = 2
+    rounds: int = 3
     settle_s: float = 2.0
     # Allowed VmRSS growth of a process from round 1 to the last: slack + fraction x its RSS after
     # round 1 (docs/e2e-load.md: engines swing by up to ~12 MiB of ~490 between identical rounds
@@ -194,9 +197,16 @@ async def _run(target: Target, plan: LoadPlan) -> GateResult:
         figures["rss_growth_after_round_1_mib"] = growth
         figures["rss_growth_tolerance_mib"] = tolerance
         if plan.rounds >= 2:
-            grown = {name: mib for name, mib in growth.items() if mib > tolerance[name]}
+            grown = {
+                name: mib
+                for name, mib in growth.items()
+                if all(rss[k][name] - rss[k - 1][name] > tolerance[name] for k in range(2, plan.rounds + 1))
+            }
             if grown:
-                problems.append(f"VmRSS grew by {grown} MiB after round 1, over the {tolerance} MiB allowed")
+                problems.append(
+                    f"VmRSS grew in every round after the first, by {grown} MiB in all, each round over the "
+                    f"{tolerance} MiB allowed"
+                )
         return GateResult("load", not problems, figures, "; ".join(problems))
     finally:
         for channel in channels:
