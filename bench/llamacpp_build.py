@@ -95,7 +95,9 @@ PURE_PYTHON_DEPENDENCIES = ("diskcache==5.6.3",)
 
 
 def pip_command(target: Path, requirements: list[str], python: str = sys.executable) -> list[str]:
-    return [python, "-m", "pip", "install", "--no-deps", "--target", str(target), *requirements]
+    """pip without its wheel cache: the cache keys a built wheel by name and version alone, so a
+    second build with other CMAKE_ARGS (the AVX2 one beside the native one) would reuse the first."""
+    return [python, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--target", str(target), *requirements]
 
 
 def build(location: LlamaCppBuild, jobs: int = 2, log=print, run=subprocess.run) -> float:
