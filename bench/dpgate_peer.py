@@ -29,6 +29,7 @@ class DpgatePeer:
         from engines.loader import load_for_serving
         from engines.model_runner import ModelRunner
         from engines.model_source import resolve_model
+        from engines.model_startup import freeze_startup_heap
         from engines.request_builder import ModelLimits
         from engines.scheduler import SchedulerConfig
 
@@ -39,6 +40,7 @@ class DpgatePeer:
         runner = ModelRunner(loaded, max_model_len, num_blocks=num_blocks, block_size=16)
         runner.warm_up(max_num_seqs, budget)
         self.engine = LLMEngine(runner, SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget))
+        freeze_startup_heap()  # as the engine server does once started
         self.limits = ModelLimits("m", loaded.config.vocab_size, max_model_len, loaded.tokenizer.eos_token_ids)
         self.next_id = 0
         self.clock = clock

@@ -10,6 +10,7 @@ context). Workers need them before rank 0 has loaded anything, since all ranks l
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -68,6 +69,15 @@ def kv_blocks_for_memory(config: EngineConfig, model: ModelConfig, plan: Paralle
 def threads_per_rank(config: EngineConfig) -> int:
     """The engine's threads (--num-threads, else every core) shared out among its TP ranks."""
     return max(1, (config.num_threads or os.cpu_count() or 1) // config.tensor_parallel_size)
+
+
+def freeze_startup_heap() -> None:
+    """Move what is alive once the engine has started (model, tokenizer, grammar compiler) out of
+    the cyclic collector's generations, as it lives as long as the process: the collector's passes
+    then walk only what requests create, not the whole start-up heap again (before this, the
+    collector took about 4% of a batch-1 decode step, perf on the 2-vCPU EPYC VM)."""
+    gc.collect()
+    gc.freeze()
 
 
 def start_model(config: EngineConfig, source: ModelSource, numerics: Numerics) -> StartedModel:

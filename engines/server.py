@@ -29,7 +29,7 @@ from engines.grammar.compiler import GrammarCompiler
 from engines.kernels import KernelBuildError
 from engines.metrics import EngineMetrics
 from engines.model_source import resolve_model
-from engines.model_startup import start_model
+from engines.model_startup import freeze_startup_heap, start_model
 from engines.numerics import Numerics, NumericsError, choose_numerics
 from engines.request_builder import ModelLimits
 from engines.servicers import INTERNAL_MESSAGE, ControlServicer, InferenceServicer, invalid_body_counter
@@ -79,6 +79,7 @@ async def serve(config: EngineConfig) -> int:
     tokenizer = loaded.tokenizer
     grammars = GrammarCompiler(tokenizer.tokenizer, loaded.config.vocab_size, tokenizer.eos_token_ids)
     engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop(), grammars)
+    freeze_startup_heap()
     metrics.watch(engine)
     metrics.set_identity(config.data_parallel_rank, config.data_parallel_size, source.name, __version__)
     limits = ModelLimits(source.name, loaded.config.vocab_size, max_model_len, tokenizer.eos_token_ids)
