@@ -94,6 +94,12 @@ class AttentionMetadata:
     def num_tokens(self) -> int:
         return self.positions.shape[0]
 
+    @property
+    def fused_step(self) -> bool:
+        """Whether a fused decoder layer (engines/kernels/fused.py) may run this step: on the
+        kernels, every key and value stored here, no context-parallel exchange."""
+        return self.kernel_isa is not None and self.kv_rows is None and self.dcp is None
+
     def decode_mask(self, sliding_window: int | None, width: int) -> torch.Tensor:
         """[1, batch, 1, max_context] True where a decode query may see the key; cached per window
         size because every layer of that kind reuses it."""

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from engines.gguf_reader import GGUFFile
+from engines.kernels.fused import fuse_decoder_layers
 from engines.kernels.gguf_blocks import GroupQuantized
 from engines.kernels.layers import use_invariant_kernels
 from engines.model_config import ModelConfig, config_from_gguf, config_from_hf_dir
@@ -132,6 +133,8 @@ def apply_numerics(loaded: LoadedModel, numerics: Numerics) -> LoadedModel:
                 "use --no-batch-invariant"
             )
         use_invariant_kernels(loaded.model, numerics.quantization, numerics.isa, shipped)
+        if loaded.shard is None and loaded.dtype == torch.float32:
+            fuse_decoder_layers(loaded.model, numerics.isa)
     elif numerics.quantization in ("int8", "gguf"):
         quantize_int8_weight_only(loaded.model)
     return replace(loaded, numerics=numerics)

@@ -33,6 +33,7 @@ __all__ = [
     "dcp_combine",
     "dcp_publish",
     "linear",
+    "linear_weights",
     "load",
     "pack_quantized",
     "pack_weight",
@@ -146,6 +147,20 @@ def linear(x: torch.Tensor, weight: PackedWeight | QuantizedWeight, isa: str) ->
             x, weight.codes, weight.scales, weight.offsets, weight.group, weight.out_features, isa
         )  # fmt: skip
     return _ops().linear(x, weight.panels, weight.scales, weight.out_features, isa)
+
+
+def linear_weights(parts: list[PackedWeight | QuantizedWeight]) -> torch.ScriptObject:
+    """One linear layer's row parts as a torch.classes.dpgate.LinearWeights: `.forward(x, isa)`
+    runs them into one output (each part its own columns, no concatenation), and the fused
+    decoder layer (engines/kernels/fused.py) runs them from C++."""
+    _ops()
+    weights = torch.classes.dpgate.LinearWeights(parts[0].in_features)
+    for part in parts:
+        if isinstance(part, QuantizedWeight):
+            weights.add_quantized(part.codes, part.scales, part.offsets, part.group, part.out_features)
+        else:
+            weights.add_packed(part.panels, part.scales, part.out_features)
+    return weights
 
 
 def attention(

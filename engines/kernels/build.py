@@ -42,6 +42,10 @@ ISA_FLAGS = {
 }
 
 
+# The translation units that use torch (operators, classes, the thread pool); the isa_* ones do not.
+TORCH_SOURCES = ("ops.cpp", "dispatch.cpp", "linear_weights.cpp", "decoder_layer.cpp")
+
+
 class KernelBuildError(RuntimeError):
     """The compiler is missing or failed; the message carries its output."""
 
@@ -57,7 +61,7 @@ def _compiler() -> str:
 
 
 def _sources() -> list[Path]:
-    names = ["ops.cpp", "isa_scalar.cpp"]
+    names = [*TORCH_SOURCES, "isa_scalar.cpp"]
     if platform.machine() in ("x86_64", "AMD64"):
         names += ["isa_avx2.cpp", "isa_avx512.cpp"]
     return [SOURCE_DIR / name for name in names]
@@ -138,7 +142,7 @@ def build(verbose: bool = False) -> Path:
             for source in _sources():
                 obj = Path(work) / (source.stem + ".o")
                 flags = [*COMMON_FLAGS, *ISA_FLAGS.get(source.name, ())]
-                if source.name == "ops.cpp":
+                if source.name in TORCH_SOURCES:
                     flags += torch_compile
                 commands.append([compiler, *flags, "-c", str(source), "-o", str(obj)])
                 objects.append(str(obj))

@@ -24,6 +24,7 @@ from engines.models.llama import (
     RMSNorm,
     RotaryEmbedding,
     rms_normalize,
+    run_fused,
     uninitialized_embedding,
 )
 
@@ -77,8 +78,11 @@ class Gemma3DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = GemmaRMSNorm(size, eps)
         self.mlp = Gemma3MLP(config)
         self.post_feedforward_layernorm = GemmaRMSNorm(size, eps)
+        self.fused: torch.ScriptObject | None = None  # set by engines.kernels.fused
 
     def forward(self, hidden, rope, cache, meta) -> torch.Tensor:
+        if self.fused is not None and meta.fused_step:
+            return run_fused(self.fused, hidden, rope, cache, meta)
         attended = self.self_attn(self.input_layernorm(hidden), rope, cache, meta)
         hidden = hidden + self.post_attention_layernorm(attended)
         return hidden + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(hidden)))

@@ -182,6 +182,14 @@ class LlamaMLP(nn.Module):
         return F.silu(gate)
 
 
+def run_fused(fused: torch.ScriptObject, hidden: torch.Tensor, rope: Rotation, cache: KVCache, meta: AttentionMetadata):
+    """The whole layer in one C++ call (engines/kernels/fused.py): the module path's bits."""
+    return fused.forward(
+        hidden, rope.cos, rope.signed_sin, cache.keys, cache.values, meta.slot_mapping, meta.block_tables,
+        meta.token_seq, meta.positions, cache.block_size,
+    )  # fmt: skip
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_index: int):
         super().__init__()
@@ -189,8 +197,11 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, layer_index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = LlamaMLP(config)
+        self.fused: torch.ScriptObject | None = None  # set by engines.kernels.fused
 
     def forward(self, hidden, rope, cache, meta) -> torch.Tensor:
+        if self.fused is not None and meta.fused_step:
+            return run_fused(self.fused, hidden, rope, cache, meta)
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), rope, cache, meta)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 

@@ -13,11 +13,14 @@ namespace dpgate::avx2 {
 
 // Register tiles (rows x vectors of 8 columns) by row count: 16 registers hold the
 // accumulators, one weight vector per column vector and one broadcast activation.
-#define DPGATE_AVX2_TILES(X) X(1, 6) X(2, 4) X(3, 3) X(4, 3) X(5, 2) X(6, 2)
+// Single rows also in narrower tiles, so the threads share a layer's columns evenly.
+#define DPGATE_AVX2_TILES(X) X(1, 6) X(1, 4) X(1, 3) X(2, 4) X(3, 3) X(4, 3) X(5, 2) X(6, 2)
 
-LinearPlan linear_plan(int64_t M) {
+LinearPlan linear_plan(int64_t M, int64_t N, int64_t threads) {
   constexpr LinearPlan plans[] = {{1, 6, 8}, {2, 4, 8}, {3, 3, 8}, {4, 3, 8}, {5, 2, 8}, {6, 2, 8}};
-  return plans[std::min<int64_t>(std::max<int64_t>(M, 1), 6) - 1];
+  LinearPlan plan = plans[std::min<int64_t>(std::max<int64_t>(M, 1), 6) - 1];
+  if (plan.rows == 1) plan.vectors = balanced_vectors({6, 4, 3}, N, plan.lanes, threads);
+  return plan;
 }
 
 void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
@@ -28,11 +31,13 @@ void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, 
 }
 
 // Quantized weights need registers for the group's scales and offsets beside the accumulators.
-#define DPGATE_AVX2_QUANT_TILES(X) X(1, 4) X(2, 4) X(3, 2) X(4, 2) X(5, 2) X(6, 2)
+#define DPGATE_AVX2_QUANT_TILES(X) X(1, 4) X(1, 3) X(1, 2) X(2, 4) X(3, 2) X(4, 2) X(5, 2) X(6, 2)
 
-LinearPlan quant_linear_plan(int64_t M) {
+LinearPlan quant_linear_plan(int64_t M, int64_t N, int64_t threads) {
   constexpr LinearPlan plans[] = {{1, 4, 8}, {2, 4, 8}, {3, 2, 8}, {4, 2, 8}, {5, 2, 8}, {6, 2, 8}};
-  return plans[std::min<int64_t>(std::max<int64_t>(M, 1), 6) - 1];
+  LinearPlan plan = plans[std::min<int64_t>(std::max<int64_t>(M, 1), 6) - 1];
+  if (plan.rows == 1) plan.vectors = balanced_vectors({4, 3, 2}, N, plan.lanes, threads);
+  return plan;
 }
 
 void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {

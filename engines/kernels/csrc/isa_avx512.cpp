@@ -11,12 +11,15 @@
 namespace dpgate::avx512 {
 
 // 32 registers: up to 24 accumulators, the weight vectors and one broadcast activation.
-#define DPGATE_AVX512_TILES(X) X(1, 8) X(2, 8) X(3, 6) X(4, 5) X(5, 4) X(6, 4) X(8, 3)
+// Single rows also in narrower tiles, so the threads share a layer's columns evenly.
+#define DPGATE_AVX512_TILES(X) X(1, 8) X(1, 6) X(1, 4) X(2, 8) X(3, 6) X(4, 5) X(5, 4) X(6, 4) X(8, 3)
 
-LinearPlan linear_plan(int64_t M) {
+LinearPlan linear_plan(int64_t M, int64_t N, int64_t threads) {
   constexpr LinearPlan plans[] = {{1, 8, 16}, {2, 8, 16}, {3, 6, 16}, {4, 5, 16},
                                   {5, 4, 16}, {6, 4, 16}, {6, 4, 16}, {8, 3, 16}};
-  return plans[std::min<int64_t>(std::max<int64_t>(M, 1), 8) - 1];
+  LinearPlan plan = plans[std::min<int64_t>(std::max<int64_t>(M, 1), 8) - 1];
+  if (plan.rows == 1) plan.vectors = balanced_vectors({8, 6, 4}, N, plan.lanes, threads);
+  return plan;
 }
 
 void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
@@ -26,12 +29,14 @@ void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, 
 #undef DPGATE_CALL
 }
 
-#define DPGATE_AVX512_QUANT_TILES(X) X(1, 4) X(2, 4) X(3, 4) X(4, 4) X(5, 3) X(6, 3) X(8, 2)
+#define DPGATE_AVX512_QUANT_TILES(X) X(1, 4) X(1, 3) X(1, 2) X(2, 4) X(3, 4) X(4, 4) X(5, 3) X(6, 3) X(8, 2)
 
-LinearPlan quant_linear_plan(int64_t M) {
+LinearPlan quant_linear_plan(int64_t M, int64_t N, int64_t threads) {
   constexpr LinearPlan plans[] = {{1, 4, 16}, {2, 4, 16}, {3, 4, 16}, {4, 4, 16},
                                   {5, 3, 16}, {6, 3, 16}, {6, 3, 16}, {8, 2, 16}};
-  return plans[std::min<int64_t>(std::max<int64_t>(M, 1), 8) - 1];
+  LinearPlan plan = plans[std::min<int64_t>(std::max<int64_t>(M, 1), 8) - 1];
+  if (plan.rows == 1) plan.vectors = balanced_vectors({4, 3, 2}, N, plan.lanes, threads);
+  return plan;
 }
 
 void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {

@@ -9,14 +9,14 @@
 
 namespace dpgate::scalar {
 
-LinearPlan linear_plan(int64_t M) { return M >= 4 ? LinearPlan{4, 2, 8} : LinearPlan{1, 2, 8}; }
+LinearPlan linear_plan(int64_t M, int64_t, int64_t) { return M >= 4 ? LinearPlan{4, 2, 8} : LinearPlan{1, 2, 8}; }
 
 void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
   if (plan.rows == 4) return linear_dispatch<Scalar8, 4, 2>(args, tile_begin, tile_end);
   return linear_dispatch<Scalar8, 1, 2>(args, tile_begin, tile_end);
 }
 
-LinearPlan quant_linear_plan(int64_t M) { return M >= 4 ? LinearPlan{4, 2, 8} : LinearPlan{1, 2, 8}; }
+LinearPlan quant_linear_plan(int64_t M, int64_t, int64_t) { return M >= 4 ? LinearPlan{4, 2, 8} : LinearPlan{1, 2, 8}; }
 
 void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
   if (args.gemm) return quant_gemm_dispatch<Scalar8, 4, 2>(args, tile_begin, tile_end);  // linear_plan(M >= 4)

@@ -53,6 +53,20 @@ struct LinearPlan {
   int lanes;
 };
 
+// For single-row plans: the widest tile width of `candidates` (widest first) that cuts N columns
+// into whole tiles the threads share evenly, else one that at least shares them evenly, else the
+// widest. A 576-column o_proj in tiles of 8 vectors of 16 is 4.5 tiles: one thread does 3, the
+// other 2, and the half tile runs one vector at a time. Widths never change a result (linear.h).
+template <int N_CANDIDATES>
+inline int balanced_vectors(const int (&candidates)[N_CANDIDATES], int64_t N, int lanes, int64_t threads) {
+  const int64_t vectors = (N + lanes - 1) / lanes;
+  for (int nv : candidates)
+    if (vectors % nv == 0 && (vectors / nv) % threads == 0) return nv;
+  for (int nv : candidates)
+    if (((vectors + nv - 1) / nv) % threads == 0) return nv;
+  return candidates[0];
+}
+
 struct AttentionArgs {
   const void* q;            // [T, H, D] of act_type, contiguous
   void* out;                // [T, H, D] of act_type, contiguous
@@ -105,10 +119,10 @@ struct ActArgs {
 // One namespace per instruction set; every function handles the half-open range it is given.
 #define DPGATE_DECLARE_KERNELS(ns)                                                    \
   namespace ns {                                                                      \
-  LinearPlan linear_plan(int64_t M);                                                  \
+  LinearPlan linear_plan(int64_t M, int64_t N, int64_t threads);                      \
   void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin,     \
               int64_t tile_end);                                                      \
-  LinearPlan quant_linear_plan(int64_t M);                                            \
+  LinearPlan quant_linear_plan(int64_t M, int64_t N, int64_t threads);                \
   void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan,              \
                     int64_t tile_begin, int64_t tile_end);                            \
   void attention(const AttentionArgs& args, int64_t item_begin, int64_t item_end,     \
@@ -122,9 +136,9 @@ DPGATE_DECLARE_KERNELS(scalar)
 #if defined(__x86_64__)
 DPGATE_DECLARE_KERNELS(avx2)
 namespace avx512 {
-LinearPlan linear_plan(int64_t M);
+LinearPlan linear_plan(int64_t M, int64_t N, int64_t threads);
 void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end);
-LinearPlan quant_linear_plan(int64_t M);
+LinearPlan quant_linear_plan(int64_t M, int64_t N, int64_t threads);
 void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end);
 }
 #endif

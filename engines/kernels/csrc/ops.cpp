@@ -1,8 +1,7 @@
 // torch operators over the batch-invariant kernels (torch.ops.dpgate.*).
 //
-// This file checks tensors, picks the instruction set the caller named (engines/kernels
-// decides which, once), and splits the work over torch's intra-op threads. How the work is
-// split never changes a result: each kernel computes an output element from its own row alone.
+// This file checks tensors and hands them to dispatch.cpp, which runs the instruction set the
+// caller named (engines/kernels decides which, once) on torch's intra-op threads.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -18,51 +17,12 @@
 #include <tuple>
 #include <vector>
 
+#include "dispatch.h"
 #include "kernels.h"
+#include "linear_weights.h"
 
 namespace dpgate {
 namespace {
-
-enum class Isa { kScalar, kAvx2, kAvx512 };
-
-bool cpu_has(const char* feature) {
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (std::string(feature) == "avx2") return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (std::string(feature) == "avx512")
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#endif
-  return false;
-}
-
-Isa parse_isa(const std::string& name) {
-  if (name == "scalar") return Isa::kScalar;
-  if (name == "avx2") {
-    TORCH_CHECK(cpu_has("avx2"), "dpgate kernels: this CPU lacks AVX2/FMA");
-    return Isa::kAvx2;
-  }
-  if (name == "avx512") {
-    TORCH_CHECK(cpu_has("avx512"), "dpgate kernels: this CPU lacks AVX-512 (F, BW)");
-    return Isa::kAvx512;
-  }
-  TORCH_CHECK(false, "dpgate kernels: unknown instruction set '", name, "'");
-}
-
-DType dtype_of(const at::Tensor& t, const char* what) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kChar: return DType::kInt8;
-    default: TORCH_CHECK(false, "dpgate kernels: ", what, " must be float32, bfloat16 or int8, got ", t.scalar_type());
-  }
-}
-
-DType activation_dtype(const at::Tensor& t, const char* what) {
-  const DType type = dtype_of(t, what);
-  TORCH_CHECK(type != DType::kInt8, "dpgate kernels: ", what, " must be float32 or bfloat16");
-  return type;
-}
 
 std::vector<std::string> supported_isas() {
   std::vector<std::string> names{"scalar"};
@@ -73,53 +33,8 @@ std::vector<std::string> supported_isas() {
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& scales,
                   int64_t out_features, const std::string& isa_name) {
-  const Isa isa = parse_isa(isa_name);
-  const DType out_type = activation_dtype(x, "linear input");
-  TORCH_CHECK(packed.dim() == 3 && packed.size(2) == kPanelWidth && packed.is_contiguous(),
-              "dpgate linear: weights must be packed [ceil(N/16), K, 16] and contiguous");
-  const int64_t K = packed.size(1), N = out_features;
-  TORCH_CHECK(x.size(-1) == K, "dpgate linear: input has ", x.size(-1), " features, weights ", K);
-  TORCH_CHECK(N > 0 && N <= packed.size(0) * kPanelWidth, "dpgate linear: out_features out of range");
-  const DType weight_type = dtype_of(packed, "weights");
-  if (weight_type == DType::kInt8) {
-    TORCH_CHECK(scales.has_value() && scales->scalar_type() == at::kFloat && scales->is_contiguous() &&
-                    scales->numel() == packed.size(0) * kPanelWidth,
-                "dpgate linear: int8 weights need float32 scales padded to ceil(N/16)*16");
-  }
-  const at::Tensor a = x.reshape({-1, K}).to(at::kFloat).contiguous();
-  const int64_t M = a.size(0);
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = N;
-  at::Tensor out = at::empty(out_shape, x.options());
-  if (M == 0) return out;
-
-  LinearArgs args{a.data_ptr<float>(), K, packed.data_ptr(), weight_type,
-                  weight_type == DType::kInt8 ? scales->data_ptr<float>() : nullptr,
-                  out.data_ptr(), out_type, N, M, N, K};
-  LinearPlan plan{};
-  switch (isa) {
-    case Isa::kScalar: plan = scalar::linear_plan(M); break;
-#if defined(__x86_64__)
-    case Isa::kAvx2: plan = avx2::linear_plan(M); break;
-    case Isa::kAvx512: plan = avx512::linear_plan(M); break;
-#else
-    default: TORCH_CHECK(false, "dpgate kernels: x86 instruction sets on a non-x86 build");
-#endif
-  }
-  const int64_t num_vectors = (N + plan.lanes - 1) / plan.lanes;
-  const int64_t num_tiles = (num_vectors + plan.vectors - 1) / plan.vectors;
-  at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
-    switch (isa) {
-      case Isa::kScalar: return scalar::linear(args, plan, begin, end);
-#if defined(__x86_64__)
-      case Isa::kAvx2: return avx2::linear(args, plan, begin, end);
-      case Isa::kAvx512: return avx512::linear(args, plan, begin, end);
-#else
-      default: return;
-#endif
-    }
-  });
-  return out;
+  const LinearPart part = packed_part(packed, scales, out_features);
+  return run_parts(parse_isa(isa_name), {part}, part_in_features(part), out_features, x);
 }
 
 // Block-quantized weights (quant_linear.h): codes uint8 nibble pairs [P, K / 2, 16] or int8 [P, K, 16];
@@ -127,58 +42,8 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::opti
 at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                         const std::optional<at::Tensor>& offsets, int64_t group, int64_t out_features,
                         const std::string& isa_name) {
-  const Isa isa = parse_isa(isa_name);
-  const DType out_type = activation_dtype(x, "quant_linear input");
-  const bool nibbles = codes.scalar_type() == at::kByte;
-  TORCH_CHECK(codes.dim() == 3 && codes.is_contiguous() && (nibbles || codes.scalar_type() == at::kChar) &&
-                  codes.size(2) == kPanelWidth,
-              "dpgate quant_linear: codes must be uint8 nibble pairs [P, K / 2, 16] or int8 [P, K, 16], contiguous");
-  const int64_t P = codes.size(0), K = codes.size(1) * (nibbles ? 2 : 1), N = out_features;
-  TORCH_CHECK(group > 0 && group % 2 == 0 && K % group == 0,
-              "dpgate quant_linear: the group size must be even and divide K");
-  TORCH_CHECK(x.size(-1) == K, "dpgate quant_linear: input has ", x.size(-1), " features, weights ", K);
-  TORCH_CHECK(N > 0 && N <= P * kPanelWidth, "dpgate quant_linear: out_features out of range");
-  auto check_scales = [&](const at::Tensor& t, const char* what) {
-    TORCH_CHECK(t.scalar_type() == at::kFloat && t.is_contiguous() && t.dim() == 3 && t.size(0) == P &&
-                    t.size(1) == K / group && t.size(2) == kPanelWidth,
-                "dpgate quant_linear: ", what, " must be float32 [P, K / group, 16], contiguous");
-  };
-  check_scales(scales, "scales");
-  if (offsets.has_value()) check_scales(*offsets, "offsets");
-  const at::Tensor a = x.reshape({-1, K}).to(at::kFloat).contiguous();
-  const int64_t M = a.size(0);
-  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
-  out_shape.back() = N;
-  at::Tensor out = at::empty(out_shape, x.options());
-  if (M == 0) return out;
-  QuantLinearArgs args{a.data_ptr<float>(), K, static_cast<const uint8_t*>(codes.data_ptr()), nibbles, group,
-                       scales.data_ptr<float>(), offsets.has_value() ? offsets->data_ptr<float>() : nullptr,
-                       out.data_ptr(), out_type, N, M, N, K, M >= kQuantGemmRows};
-  // The GEMM-shaped path uses linear_plan's float32 tiles (for M >= 8 each covers whole panels).
-  LinearPlan plan{};
-  switch (isa) {
-    case Isa::kScalar: plan = args.gemm ? scalar::linear_plan(M) : scalar::quant_linear_plan(M); break;
-#if defined(__x86_64__)
-    case Isa::kAvx2: plan = args.gemm ? avx2::linear_plan(M) : avx2::quant_linear_plan(M); break;
-    case Isa::kAvx512: plan = args.gemm ? avx512::linear_plan(M) : avx512::quant_linear_plan(M); break;
-#else
-    default: TORCH_CHECK(false, "dpgate kernels: x86 instruction sets on a non-x86 build");
-#endif
-  }
-  const int64_t num_vectors = (N + plan.lanes - 1) / plan.lanes;
-  const int64_t num_tiles = (num_vectors + plan.vectors - 1) / plan.vectors;
-  at::parallel_for(0, num_tiles, 1, [&](int64_t begin, int64_t end) {
-    switch (isa) {
-      case Isa::kScalar: return scalar::quant_linear(args, plan, begin, end);
-#if defined(__x86_64__)
-      case Isa::kAvx2: return avx2::quant_linear(args, plan, begin, end);
-      case Isa::kAvx512: return avx512::quant_linear(args, plan, begin, end);
-#else
-      default: return;
-#endif
-    }
-  });
-  return out;
+  const LinearPart part = quantized_part(codes, scales, offsets, group, out_features);
+  return run_parts(parse_isa(isa_name), {part}, part_in_features(part), out_features, x);
 }
 
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& key_cache,
@@ -214,16 +79,7 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                      positions.data_ptr<int64_t>(), T, H, KVH, D, key_cache.size(1), block_size, window,
                      static_cast<float>(scale), dcp_size, dcp_rank, interleave,
                      with_lse ? lse.data_ptr<float>() : nullptr};
-  const int64_t items = T * KVH;
-  const int64_t shares = std::min<int64_t>(items, at::get_num_threads());
-  at::parallel_for(0, shares, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t share = begin; share < end; ++share) {
-      if (isa == Isa::kScalar) scalar::attention(args, share, items, shares);
-#if defined(__x86_64__)
-      else avx2::attention(args, share, items, shares);
-#endif
-    }
-  });
+  launch_attention(isa, args);
   return {out, lse};
 }
 
@@ -244,12 +100,7 @@ std::tuple<at::Tensor, at::Tensor> dcp_combine(const at::Tensor& outs, const at:
   at::Tensor lse = at::empty({T, heads}, outs.options());
   CombineArgs args{outs.data_ptr<float>(), lses.data_ptr<float>(), C, outs.size(1), outs.size(2), D,
                    T, head_offset, heads, out.data_ptr<float>(), lse.data_ptr<float>()};
-  at::parallel_for(0, T * heads, 16, [&](int64_t begin, int64_t end) {
-    if (isa == Isa::kScalar) scalar::dcp_combine(args, begin, end);
-#if defined(__x86_64__)
-    else avx2::dcp_combine(args, begin, end);
-#endif
-  });
+  launch_dcp_combine(isa, args);
   return {out, lse};
 }
 
@@ -326,12 +177,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, c
   const int64_t rows = input.numel() / N;
   NormArgs args{input.data_ptr(), out.data_ptr(), activation_dtype(x, "rms_norm input"), weight.data_ptr<float>(),
                 N, static_cast<float>(eps)};
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    if (isa == Isa::kScalar) scalar::rms_norm(args, begin, end);
-#if defined(__x86_64__)
-    else avx2::rms_norm(args, begin, end);
-#endif
-  });
+  launch_rms_norm(isa, args, rows);
   return out;
 }
 
@@ -348,12 +194,7 @@ at::Tensor act_and_mul(const at::Tensor& x, const std::string& activation, const
   const int64_t rows = input.numel() / (2 * I);
   ActArgs args{input.data_ptr(), out.data_ptr(), activation_dtype(x, "act_and_mul input"), I,
                activation == "silu" ? Activation::kSilu : Activation::kGeluTanh};
-  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
-    if (isa == Isa::kScalar) scalar::act_and_mul(args, begin, end);
-#if defined(__x86_64__)
-    else avx2::act_and_mul(args, begin, end);
-#endif
-  });
+  launch_act_and_mul(isa, args, rows);
   return out;
 }
 
