@@ -4,7 +4,10 @@ Builds the served default engine (or `--quantization`/`--isa` as `dpgate engine`
 `--batch` sequences of 256 tokens, then runs `--steps` decode steps of the whole batch through
 `LLMEngine.step()`: once bare, for the step's CPU time, and once with every dispatched operator
 timed by the thread's CPU clock (`OpClock`), sorted into matmuls (dpgate::linear, aten::mm and
-kin), attention (dpgate::attention, SDPA, index_copy_ into the cache) and everything else.
+kin), attention (dpgate::attention, SDPA, index_copy_ into the cache) and everything else. The
+served default runs each decoder layer as one C++ call (engines/kernels/fused.py), whose kernels
+are no torch operators: its own phase clock (`torch.ops.dpgate.layer_clock`) splits them the same
+way. `--modules` runs the layers as torch modules instead, the split before the fusion.
 Python is the bare step's CPU time minus the operators': what the step spends outside any
 operator (scheduler, input building, module calls, argument parsing, sampling loops). What
 timing a call costs by itself is measured on a view and taken off every call, so views count
@@ -14,7 +17,7 @@ CPU clocks, not wall clocks, because the machines this runs on are shared: wall 
 measure the other work. `--threads 1` (the default) keeps each operator's work on the calling
 thread, where its clock can see it, and keeps OpenMP from waiting on preempted threads.
 
-    python bench/step_split.py [--batch 1 16] [--steps 32] [--quantization int8] [--isa avx2]
+    python bench/step_split.py [--batch 1 16] [--steps 32] [--quantization int8] [--isa avx2] [--modules]
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from pathlib import Path
 from torch.utils._python_dispatch import TorchDispatchMode
 
 PROMPT_TOKENS = 256
-MATMUL_OPS = frozenset({"dpgate::linear", "aten::linear", "aten::mm", "aten::addmm", "aten::matmul"})
+MATMUL_OPS = frozenset(
+    {"dpgate::linear", "dpgate::quant_linear", "aten::linear", "aten::mm", "aten::addmm", "aten::matmul"}
+)
 ATTENTION_OPS = frozenset(
     {"dpgate::attention", "aten::scaled_dot_product_attention", "aten::index_copy_", "aten::bmm", "aten::softmax"}
 )
@@ -44,7 +49,7 @@ def category(name: str) -> str:
     return "other ops"
 
 
-def build_engine(batch: int, quantization: str, isa: str | None, max_new: int):
+def build_engine(batch: int, quantization: str, isa: str | None, max_new: int, fused: bool = True):
     from machine import engine_numerics
 
     from engines.engine import LLMEngine
@@ -56,6 +61,10 @@ def build_engine(batch: int, quantization: str, isa: str | None, max_new: int):
     numerics = engine_numerics(True, isa, quantization=quantization)
     loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), numerics)
     max_len = PROMPT_TOKENS + max_new + 8
+    if not fused:
+        from engines.kernels.fused import unfuse_decoder_layers
+
+        unfuse_decoder_layers(loaded.model)
     runner = ModelRunner(loaded, max_len, num_blocks=batch * max_len // 16 + 16, block_size=16)
     runner.warm_up(batch, 512)
     engine = LLMEngine(runner, SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=512))
@@ -124,22 +133,35 @@ class OpClock(TorchDispatchMode):
         return out
 
 
-def measure(batch: int, steps: int, quantization: str, isa: str | None) -> dict:
-    engine, loaded = build_engine(batch, quantization, isa, 2 * steps + 8)
+def measure(batch: int, steps: int, quantization: str, isa: str | None, fused: bool = True) -> dict:
+    import torch
+
+    engine, loaded = build_engine(batch, quantization, isa, 2 * steps + 8, fused)
     add_requests(engine, loaded, batch, 2 * steps + 8)
     _, cpu = decode_steps(engine, batch, steps)
     clock = OpClock()
     floor = clock.floor()
+    torch.ops.dpgate.layer_clock(True)
     with clock:
         for _ in range(steps):
             engine.step()
+    matmul, attention, norms, other, whole = (seconds / steps for seconds in torch.ops.dpgate.layer_clock(False))
     top = {name: max(0.0, seconds - floor * clock.counts[name]) / steps for name, seconds in clock.seconds.items()}
     split = dict.fromkeys(("matmul", "attention", "other ops"), 0.0)
     for name, seconds in top.items():
         split[category(name)] += seconds
+    # Inside fused decoder layers (engines/kernels/fused.py) the kernels are not torch operators:
+    # the layer's own clock splits them, and its whole time is no Python's.
+    split["matmul"] += matmul
+    split["attention"] += attention
+    split["other ops"] += whole - matmul - attention
     split["python"] = max(0.0, cpu - sum(split.values()))
+    if whole:
+        top["fused layers: norms"] = norms
+        top["fused layers: rotary, cache, residuals, activation"] = other
     return {
         "batch": batch,
+        "fused_layers": fused,
         "step_ms": 1e3 * cpu,
         "split_ms": {k: 1e3 * v for k, v in split.items()},
         "top_ops_ms": {k: 1e3 * v for k, v in sorted(top.items(), key=lambda kv: -kv[1])[:12]},
@@ -155,6 +177,7 @@ def main() -> None:
     parser.add_argument("--quantization", default="int8")
     parser.add_argument("--isa", choices=["avx512", "avx2", "scalar"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU times are meaningful)")
+    parser.add_argument("--modules", action="store_true", help="layers as torch modules (the before)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     import torch
@@ -165,7 +188,7 @@ def main() -> None:
     print(describe_machine())
     results = []
     for batch in args.batch:
-        r = measure(batch, args.steps, args.quantization, args.isa)
+        r = measure(batch, args.steps, args.quantization, args.isa, fused=not args.modules)
         results.append(r)
         split = ", ".join(f"{k} {v:.2f}" for k, v in r["split_ms"].items())
         step = f"batch {batch:>2}: {r['step_ms']:.2f} ms/step"

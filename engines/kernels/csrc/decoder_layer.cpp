@@ -14,7 +14,9 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cstring>
+#include <ctime>
 #include <optional>
 #include <string>
 #include <vector>
@@ -56,6 +58,34 @@ void rotate(float* rows, int64_t n, int64_t heads, int64_t D, const float* cos, 
 void add_into(float* out, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
+
+// Where the layer's time goes, for bench/step_split.py: CPU seconds of the calling thread per
+// phase, summed over calls while enabled (with one torch thread that is all of the work).
+enum Phase { kMatmul, kAttention, kNorms, kOther, kWhole, kPhases };
+std::atomic<bool> clock_enabled{false};
+thread_local double phase_seconds[kPhases] = {};
+
+double thread_seconds() {
+  timespec now;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return double(now.tv_sec) + 1e-9 * double(now.tv_nsec);
+}
+
+// Adds the time from its construction (or the last `next`) to a phase; free when disabled.
+class PhaseTimer {
+ public:
+  PhaseTimer() : on_(clock_enabled.load(std::memory_order_relaxed)), last_(on_ ? thread_seconds() : 0.0) {}
+  void next(Phase phase) {
+    if (!on_) return;
+    const double now = thread_seconds();
+    phase_seconds[phase] += now - last_;
+    last_ = now;
+  }
+
+ private:
+  bool on_;
+  double last_;
+};
 
 // The step's intermediates, reused across layers and steps by the thread that runs them.
 struct Workspace {
@@ -146,6 +176,8 @@ class DecoderLayer : public torch::CustomClassHolder {
     at::Tensor out = at::empty({T, hidden_}, hidden.options());
     if (T == 0) return out;
 
+    PhaseTimer timer;
+    const double started = clock_enabled.load(std::memory_order_relaxed) ? thread_seconds() : 0.0;
     Workspace& space = workspace();
     const float* h = hidden.data_ptr<float>();
     const int64_t qkv_width = (H + 2 * KVH) * D, slots = key_cache.size(2);
@@ -155,9 +187,12 @@ class DecoderLayer : public torch::CustomClassHolder {
     }
 
     float* normed = sized(space.normed, T * hidden_);
+    timer.next(kOther);
     norm(h, normed, T, hidden_, input_norm_);
+    timer.next(kNorms);
     float* qkv = sized(space.qkv, T * qkv_width);
     qkv_->run(isa_, normed, hidden_, T, qkv, DType::kFloat32, qkv_width);
+    timer.next(kMatmul);
 
     // q and k into their own rows, normalized per head (Gemma) and rotated; k and v into the cache.
     float* q = sized(space.q, T * H * D);
@@ -166,10 +201,12 @@ class DecoderLayer : public torch::CustomClassHolder {
       std::memcpy(q + t * H * D, qkv + t * qkv_width, sizeof(float) * H * D);
       std::memcpy(k + t * KVH * D, qkv + t * qkv_width + H * D, sizeof(float) * KVH * D);
     }
+    timer.next(kOther);
     if (q_norm_.has_value()) {
       norm(q, q, T * H, D, *q_norm_);
       norm(k, k, T * KVH, D, *k_norm_);
     }
+    timer.next(kNorms);
     rotate(q, T * H, H, D, cos.data_ptr<float>(), signed_sin.data_ptr<float>());
     rotate(k, T * KVH, KVH, D, cos.data_ptr<float>(), signed_sin.data_ptr<float>());
     float* keys = key_cache.data_ptr<float>() + layer_ * KVH * slots * D;
@@ -187,21 +224,33 @@ class DecoderLayer : public torch::CustomClassHolder {
                                   block_tables.data_ptr<int32_t>(), block_tables.size(1), token_seq.data_ptr<int32_t>(),
                                   positions.data_ptr<int64_t>(), T, H, KVH, D, slots, block_size, window_, scale_,
                                   1, 0, 1, nullptr};
+    timer.next(kOther);
     launch_attention(isa_, attention);
+    timer.next(kAttention);
     float* projected = sized(space.projected, T * hidden_);
     o_->run(isa_, attended, H * D, T, projected, DType::kFloat32, hidden_);
+    timer.next(kMatmul);
     if (post_attention_norm_.has_value()) norm(projected, projected, T, hidden_, *post_attention_norm_);
+    timer.next(kNorms);
     float* result = out.data_ptr<float>();
     add_into(result, h, projected, T * hidden_);
+    timer.next(kOther);
 
     norm(result, normed, T, hidden_, mlp_norm_);
+    timer.next(kNorms);
     float* gate_up = sized(space.gate_up, T * 2 * intermediate_);
     gate_up_->run(isa_, normed, hidden_, T, gate_up, DType::kFloat32, 2 * intermediate_);
+    timer.next(kMatmul);
     float* activated = sized(space.activated, T * intermediate_);
     launch_act_and_mul(isa_, {gate_up, activated, DType::kFloat32, intermediate_, activation_}, T);
+    timer.next(kOther);
     down_->run(isa_, activated, intermediate_, T, projected, DType::kFloat32, hidden_);
+    timer.next(kMatmul);
     if (post_mlp_norm_.has_value()) norm(projected, projected, T, hidden_, *post_mlp_norm_);
+    timer.next(kNorms);
     add_into(result, result, projected, T * hidden_);
+    timer.next(kOther);
+    if (started > 0.0) phase_seconds[kWhole] += thread_seconds() - started;
     return out;
   }
 
@@ -221,10 +270,20 @@ class DecoderLayer : public torch::CustomClassHolder {
   std::optional<at::Tensor> q_norm_, k_norm_, post_attention_norm_, post_mlp_norm_;
 };
 
+// Turns the phase clock on or off and returns what it summed on this thread since the last call
+// (matmul, attention, norms, other, whole layer; seconds), resetting it.
+std::vector<double> layer_clock(bool enable) {
+  std::vector<double> seconds(phase_seconds, phase_seconds + kPhases);
+  for (double& phase : phase_seconds) phase = 0.0;
+  clock_enabled.store(enable, std::memory_order_relaxed);
+  return seconds;
+}
+
 }  // namespace
 }  // namespace dpgate
 
 TORCH_LIBRARY_FRAGMENT(dpgate, m) {
+  m.def("layer_clock(bool enable) -> float[]", &dpgate::layer_clock);
   m.class_<dpgate::LinearWeights>("LinearWeights")
       .def(torch::init<int64_t>())
       .def("add_packed", &dpgate::LinearWeights::add_packed)
