@@ -18,9 +18,9 @@ from engines.numerics import KERNEL_ISAS, choose_numerics
 FASTEST = kernels.supported_isas()[-1]
 
 
-def served(model: str, quantization: str = "int8", isa: str = FASTEST):
+def served(model: str, quantization: str = "int8", isa: str = FASTEST, dtype: str = "auto"):
     isas = tuple(name for name in KERNEL_ISAS[KERNEL_ISAS.index(isa) :] if name in kernels.supported_isas())
-    return load_for_serving(resolve_model(model), choose_numerics("auto", quantization, True, cpu_info(), isas))
+    return load_for_serving(resolve_model(model), choose_numerics(dtype, quantization, True, cpu_info(), isas))
 
 
 def steps(vocab: int) -> list[list[ChunkInput]]:
@@ -60,27 +60,30 @@ def test_the_fused_layer_gives_the_module_paths_bits(model, quantization):
         assert torch.equal(a, b), f"step {step}: fused and module logits differ by {(a - b).abs().max()}"
 
 
-@pytest.mark.parametrize("isa", [isa for isa in kernels.supported_isas() if isa != FASTEST])
-def test_every_instruction_set_fuses_to_the_same_bits(isa):
-    loaded = served("smollm2-135m-instruct", isa=isa)
+@pytest.mark.parametrize("isa", kernels.supported_isas())
+def test_every_instruction_set_fuses_to_the_same_bits(isa, tiny_model_dir):
+    loaded = served(str(tiny_model_dir), isa=isa)
     fused, modules = logits_of(loaded, True), logits_of(loaded, False)
     assert all(torch.equal(a, b) for a, b in zip(fused, modules, strict=True))
 
 
-def test_bfloat16_and_tensor_parallel_models_keep_the_module_path():
-    numerics = choose_numerics("bfloat16", "int8", True, cpu_info(), kernels.supported_isas())
-    loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), numerics)
+def test_bfloat16_models_keep_the_module_path(tiny_model_dir):
+    loaded = served(str(tiny_model_dir), dtype="bfloat16")
     assert all(layer.fused is None for layer in loaded.model.layers)
+    assert fuse_decoder_layers(served(str(tiny_model_dir)).model, FASTEST) == 2
 
 
-def test_bad_arguments_are_refused_with_the_rule():
-    loaded = served("smollm2-135m-instruct")
+def test_bad_arguments_are_refused_with_the_rule(tiny_model_dir):
+    loaded = served(str(tiny_model_dir))  # hidden 64, 2 kv heads of 16
     fused = loaded.model.layers[0].fused
-    cache = torch.zeros(loaded.config.num_layers, 3, 64, 64)
+    cache = torch.zeros(loaded.config.num_layers, 2, 64, 16)
     table = torch.zeros(1, 4, dtype=torch.int32)
-    args = (torch.ones(1, 1, 64), torch.ones(1, 1, 64), cache, cache.clone(), torch.tensor([0]), table,
+    args = (torch.ones(1, 1, 16), torch.ones(1, 1, 16), cache, cache.clone(), torch.tensor([0]), table,
             torch.zeros(1, dtype=torch.int32), torch.tensor([0]), 16)  # fmt: skip
+    assert fused.forward(torch.ones(1, 64), *args).shape == (1, 64)
     with pytest.raises(RuntimeError, match="hidden must be float32"):
-        fused.forward(torch.ones(1, 576, dtype=torch.bfloat16), *args)
+        fused.forward(torch.ones(1, 64, dtype=torch.bfloat16), *args)
     with pytest.raises(RuntimeError, match="slot_mapping out of range"):
-        fused.forward(torch.ones(1, 576), *args[:4], torch.tensor([64]), *args[5:])
+        fused.forward(torch.ones(1, 64), *args[:4], torch.tensor([64]), *args[5:])
+    with pytest.raises(RuntimeError, match="caches must be float32"):
+        fused.forward(torch.ones(1, 64), *args[:2], cache[:, :1], cache[:, :1], *args[4:])
