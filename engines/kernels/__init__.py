@@ -8,7 +8,8 @@ the thread split or the vector width can change its bits.
 
 Every function takes `isa`, the instruction set to run: "scalar" (the reference, any CPU),
 "avx2" or "avx512" (the matrix multiply and attention's value sums on sixteen lanes; the rest on
-AVX2's eight, attention's scores with AVX-512's 32 registers). All give the same bits. Which one the engine uses is decided once, in engines/numerics.py.
+AVX2's eight, attention's scores with AVX-512's 32 registers). All give the same bits. Which
+one the engine uses is decided once, in engines/numerics.py.
 """
 
 from __future__ import annotations
