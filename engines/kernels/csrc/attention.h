@@ -20,8 +20,9 @@
 // register tiles of its own (AttentionTiles; AVX-512 holds the value sums in sixteen lanes, which
 // a per-column chain does not see), and the kernel is mostly waiting on memory (a decode reads
 // every cached key and value once, from 4 KB blocks scattered over the cache), so it prefetches:
-// keys a little ahead of the scores, each key's value row into L2 while its score is computed,
-// and the next item's keys into L2 while this item's values are summed.
+// keys a little ahead of the scores (and farther ahead into L2 where they are not there yet),
+// each key's value row into L2 while its score is computed, and the next item's keys into L2
+// while this item's values are summed.
 #pragma once
 
 #include <algorithm>
@@ -213,10 +214,11 @@ inline const KV* kv_head_rows(const void* cache, const AttentionArgs& g, int64_t
 }
 
 // Query t's heads of kv head `kv_head` over its n keys at `slots`; `next_keys` are brought into L2
-// on the way (the next item's, so its scores do not start by waiting on memory).
+// on the way (the next item's, so its scores do not start by waiting on memory). The first
+// keys_in_l2 keys were brought in that way by the item before; the rest are, farther ahead.
 template <class Tiles, class Q, class KV>
 inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, const int64_t* slots, int64_t n,
-                            std::vector<float>& scratch, const RowsAhead<KV>& next_keys) {
+                            std::vector<float>& scratch, const RowsAhead<KV>& next_keys, int64_t keys_in_l2) {
   using V = typename Tiles::V;
   using W = typename Tiles::W;
   using reg = typename V::reg;
@@ -260,6 +262,8 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
     const int64_t last = std::min(n, first + L);
     for (int64_t i = first + ahead_rows; i < std::min(n, last + ahead_rows); ++i)
       prefetch_row<3>(keys + slots[i] * D, D);
+    for (int64_t i = std::max(keys_in_l2, first + 4 * ahead_rows); i < std::min(n, last + 4 * ahead_rows); ++i)
+      prefetch_row<2>(keys + slots[i] * D, D);
     for (int64_t i = first; i < last; ++i) prefetch_row<2>(values + slots[i] * D, D);
     const KV* key[L];
     for (int l = 0; l < L; ++l) key[l] = keys + slots[std::min(first + l, n - 1)] * D;
@@ -328,7 +332,9 @@ template <class Tiles, class Q, class KV>
 inline void attention_items(const AttentionArgs& g, int64_t item_begin, int64_t item_end, int64_t item_step) {
   thread_local AttentionScratch scratch;
   if (item_begin >= item_end) return;
-  int64_t n = item_key_slots(g, item_begin, scratch.slots);
+  int64_t n = item_key_slots(g, item_begin, scratch.slots), keys_in_l2 = 0;
+  for (int64_t i = 0; i < std::min(n, 4 * rows_ahead<KV>(g.D)); ++i)
+    prefetch_row<2>(kv_head_rows<KV>(g.key_cache, g, item_begin % g.KVH) + scratch.slots[i] * g.D, g.D);
   for (int64_t item = item_begin; item < item_end; item += item_step) {
     const int64_t next = item + item_step;
     RowsAhead<KV> next_keys;
@@ -338,8 +344,9 @@ inline void attention_items(const AttentionArgs& g, int64_t item_begin, int64_t 
       next_keys = {kv_head_rows<KV>(g.key_cache, g, next % g.KVH), scratch.next_slots.data(), next_n};
     }
     attention_query<Tiles, Q, KV>(g, item / g.KVH, item % g.KVH, scratch.slots.data(), n, scratch.floats,
-                                  next_keys);
+                                  next_keys, keys_in_l2);
     std::swap(scratch.slots, scratch.next_slots);
+    keys_in_l2 = std::min(n, next_n);  // the value pass brought that many of the next keys in
     n = next_n;
   }
 }
