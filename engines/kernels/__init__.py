@@ -7,8 +7,9 @@ own query, for attention) in one fixed order, so nothing about the rest of the b
 the thread split or the vector width can change its bits.
 
 Every function takes `isa`, the instruction set to run: "scalar" (the reference, any CPU),
-"avx2" or "avx512" (the matrix multiply on sixteen lanes; the other kernels on AVX2). All give
-the same bits. Which one the engine uses is decided once, in engines/numerics.py.
+"avx2" or "avx512" (the matrix multiply and attention's value sums on sixteen lanes; the rest on
+AVX2's eight, attention's scores with AVX-512's 32 registers). All give the same bits. Which
+one the engine uses is decided once, in engines/numerics.py.
 """
 
 from __future__ import annotations

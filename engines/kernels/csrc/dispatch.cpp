@@ -126,6 +126,7 @@ void launch_attention(Isa isa, const AttentionArgs& args) {
     for (int64_t share = begin; share < end; ++share) {
       if (isa == Isa::kScalar) scalar::attention(args, share, items, shares);
 #if defined(__x86_64__)
+      else if (isa == Isa::kAvx512) avx512::attention(args, share, items, shares);
       else avx2::attention(args, share, items, shares);
 #endif
     }

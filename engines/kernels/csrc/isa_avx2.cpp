@@ -48,8 +48,9 @@ void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t t
 #undef DPGATE_CALL
 }
 
+// 16 registers: scores 2 heads x 4 keys, values 3 heads x 3 vectors.
 void attention(const AttentionArgs& args, int64_t item_begin, int64_t item_end, int64_t item_step) {
-  attention_dispatch<Avx2>(args, item_begin, item_end, item_step);
+  attention_dispatch<AttentionTiles<Avx2, Avx2, 2, 4, 3, 3>>(args, item_begin, item_end, item_step);
 }
 
 void rms_norm(const NormArgs& args, int64_t row_begin, int64_t row_end) {

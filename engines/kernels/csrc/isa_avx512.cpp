@@ -1,6 +1,9 @@
-// The matrix multiply on AVX-512: sixteen float32 lanes per register. Compiled with -mavx512f
-// (and -mavx512bw, -mavx512vl for the conversions). Its results equal the AVX2 and scalar
-// kernels' bit for bit: an output element's chain over k does not depend on the lane count.
+// The matrix multiply and attention on AVX-512: sixteen float32 lanes per register. Compiled with
+// -mavx512f (and -mavx512bw, -mavx512vl for the conversions). Their results equal the AVX2 and
+// scalar kernels' bit for bit: an output element's chain over k (over the keys, for attention's
+// values) does not depend on the lane count, and attention's scores and softmax stay on eight
+// lanes, where AVX-512VL gives them 32 registers instead of AVX2's 16.
+#include "attention.h"
 #include "linear.h"
 #include "quant_linear.h"
 
@@ -45,6 +48,12 @@ void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t t
   if (plan.rows == MR && plan.vectors == NV) return quant_dispatch<Avx512, MR, NV>(args, tile_begin, tile_end);
   DPGATE_AVX512_QUANT_TILES(DPGATE_CALL)
 #undef DPGATE_CALL
+}
+
+// 32 registers: scores 3 heads x 8 keys of eight lanes (24 accumulators, 3 query vectors, a key);
+// values 3 heads x 4 vectors of sixteen lanes, so a row of 64 is read in one pass.
+void attention(const AttentionArgs& args, int64_t item_begin, int64_t item_end, int64_t item_step) {
+  attention_dispatch<AttentionTiles<Avx2, Avx512, 3, 8, 3, 4>>(args, item_begin, item_end, item_step);
 }
 
 }  // namespace dpgate::avx512

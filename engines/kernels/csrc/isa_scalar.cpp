@@ -25,7 +25,7 @@ void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t t
 }
 
 void attention(const AttentionArgs& args, int64_t item_begin, int64_t item_end, int64_t item_step) {
-  attention_dispatch<Scalar8>(args, item_begin, item_end, item_step);
+  attention_dispatch<AttentionTiles<Scalar8, Scalar8, 2, 4, 3, 3>>(args, item_begin, item_end, item_step);
 }
 
 void rms_norm(const NormArgs& args, int64_t row_begin, int64_t row_end) {

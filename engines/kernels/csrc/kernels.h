@@ -140,6 +140,7 @@ LinearPlan linear_plan(int64_t M, int64_t N, int64_t threads);
 void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end);
 LinearPlan quant_linear_plan(int64_t M, int64_t N, int64_t threads);
 void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end);
+void attention(const AttentionArgs& args, int64_t item_begin, int64_t item_end, int64_t item_step);
 }
 #endif
 

@@ -4,8 +4,8 @@
 // exactly rounded (add, mul, fma, div, sqrt, max, rounding to an integer, bit moves), so the
 // same template gives the same bits whichever type runs it. `Scalar8` is the reference: plain
 // C++ on eight lanes, compiled without contraction. `Avx2` runs the same eight lanes in one
-// register. `Avx512` (sixteen lanes) serves only the matrix multiply, whose result does not
-// depend on the lane count (see linear.h).
+// register. `Avx512` (sixteen lanes) serves only the matrix multiply and attention's value sums,
+// whose results do not depend on the lane count (see linear.h, attention.h).
 //
 // Each type lives in its own translation unit, compiled with that instruction set enabled
 // (isa_*.cpp); nothing here is compiled for a CPU that lacks it.
