@@ -87,6 +87,7 @@ HELPERS = frozenset(
 )  # fmt: skip
 # Scripts under bench/ the report does not run, and why (named in its output and in the page when present).
 NOT_RUN = {
+    "attention_kernel": "a microbench of one kernel against SDPA for one issue; it writes no --json",
     "perplexity_gate": "an accuracy gate (dpgate e2e), not a performance figure",
     "quant_kernels": "an A/B of kernel choices for one issue; it writes no --json",
     "quant_serving": "an A/B of weight storages for one issue; it writes no --json",
