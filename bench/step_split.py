@@ -68,6 +68,9 @@ def build_engine(batch: int, quantization: str, isa: str | None, max_new: int, f
     runner = ModelRunner(loaded, max_len, num_blocks=batch * max_len // 16 + 16, block_size=16)
     runner.warm_up(batch, 512)
     engine = LLMEngine(runner, SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=512))
+    from engines.model_startup import freeze_startup_heap
+
+    freeze_startup_heap()  # as the engine server does once started
     return engine, loaded
 
 
