@@ -293,11 +293,16 @@ def test_reasoning_then_a_tool_call_is_split_as_the_prompt_was_rendered(
     one call, no content; opted out, the same output has no reasoning (the stray `</think>` is
     markup) and the prompt closed the empty block instead of opening one."""
     thinking_engine.wait_serving()
+    text = "I should ask the weather tool.</think>\n\n" + CALL_TEXT
+    # The grammar fixes the text, not its tokenization: sampled, the random model spelled it in
+    # 66-78+ tokens, so a budget of 80 could cut the stream's copy short of `</tool_call>`. Greedy
+    # makes the unary and the stream the same tokens; every token holds at least one character.
     request = pb.ChatRequest(
         messages=[user("Weather in Paris?")],
         tools=[WEATHER],
-        structured_output=forced("I should ask the weather tool.</think>\n\n" + CALL_TEXT),
-        stopping=pb.StoppingCriteria(max_tokens=80),
+        structured_output=forced(text),
+        sampling=GREEDY,
+        stopping=pb.StoppingCriteria(max_tokens=len(text) + 1),
     )
     request.chat_template_kwargs.update(kwargs)
     with grpc.insecure_channel(thinking_engine.address) as channel:
