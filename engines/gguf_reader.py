@@ -54,6 +54,9 @@ class GGUFFile:
             self._map = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             self.metadata, self.tensors = self._parse()
+        except GGUFFormatError:
+            self._map.close()
+            raise
         except (struct.error, UnicodeDecodeError, ValueError) as error:
             self._map.close()
             raise GGUFFormatError(f"{self.path} is not a readable GGUF file: {error}") from error
@@ -105,7 +108,13 @@ class GGUFFile:
         for name, shape, qtype, offset in directory:
             block_size, type_size = GGML_QUANT_SIZES[qtype]
             num_elements = int(np.prod(shape))
-            tensors[name] = TensorInfo(name, shape, qtype, data_start + offset, num_elements // block_size * type_size)
+            info = TensorInfo(name, shape, qtype, data_start + offset, num_elements // block_size * type_size)
+            if info.offset + info.num_bytes > len(self._map):
+                raise GGUFFormatError(
+                    f"{self.path} is truncated: tensor {name} needs bytes up to {info.offset + info.num_bytes}, "
+                    f"the file has {len(self._map)}"
+                )
+            tensors[name] = info
         return metadata, tensors
 
 

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from tests.support.gguf_files import cut_short, write_one_tensor_gguf
 from tests.support.processes import dpgate_command, free_port
 
 
@@ -19,6 +20,9 @@ def bad_flag_cases(tmp_path):
     not_gguf.write_bytes(b"PK\x03\x04 definitely not a gguf file")
     truncated = tmp_path / "truncated.gguf"
     truncated.write_bytes(b"GGUF\x03\x00\x00\x00")
+    cut_data = tmp_path / "cut-data.gguf"
+    write_one_tensor_gguf(cut_data)
+    cut_short(cut_data, 100)
     empty_dir = tmp_path / "empty"
     empty_dir.mkdir()
     return [
@@ -39,6 +43,7 @@ def bad_flag_cases(tmp_path):
         ),
         (["--model", str(not_gguf)], f"--model {not_gguf}: the file is not a GGUF file"),
         (["--model", str(truncated)], "is not a readable GGUF file"),
+        (["--model", str(cut_data)], f"{cut_data} is truncated: tensor weight needs bytes up to"),
         (["--model", str(empty_dir)], f"--model {empty_dir}: the directory has no config.json"),
         (
             ["--tensor-parallel-size", "3", "--decode-context-parallel-size", "2"],

@@ -9,6 +9,7 @@ from gguf.quants import dequantize
 
 from engines.gguf_reader import GGUFFile, GGUFFormatError
 from engines.model_source import resolve_model
+from tests.support.gguf_files import ONE_TENSOR, cut_short, write_one_tensor_gguf
 
 
 def test_metadata_and_tensors_match_the_reference_reader():
@@ -35,4 +36,16 @@ def test_an_unsupported_version_is_refused(tmp_path):
     path = tmp_path / "x.gguf"
     path.write_bytes(b"GGUF" + (9).to_bytes(4, "little") + bytes(16))
     with pytest.raises(GGUFFormatError, match="GGUF version 9"):
+        GGUFFile(path)
+
+
+
+def test_a_file_cut_inside_its_tensor_data_is_refused_naming_the_tensor(tmp_path):
+    path = tmp_path / "x.gguf"
+    write_one_tensor_gguf(path)
+    with GGUFFile(path) as whole:
+        assert np.array_equal(whole.tensor("weight"), ONE_TENSOR)
+    size = cut_short(path, 100)
+    expected = rf"is truncated: tensor weight needs bytes up to {size}, the file has {size - 100}$"
+    with pytest.raises(GGUFFormatError, match=expected):
         GGUFFile(path)
