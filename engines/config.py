@@ -6,11 +6,11 @@ A bad value ends start-up with exit status 2 and one sentence naming the flag an
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import socket
 from dataclasses import dataclass
 
+from dpgate.host import usable_cores
 from dpgate.logs import LOG_FORMATS, add_log_format_argument
 from engines.model_source import DEFAULT_MODEL
 from engines.numerics import AUTO_DTYPE
@@ -110,7 +110,7 @@ class EngineConfig:
         if self.max_waiting < 0:
             raise ConfigError(f"--max-waiting {self.max_waiting} must be >= 0")
         try:
-            cores = self.num_threads or os.cpu_count() or 1
+            cores = self.num_threads or usable_cores()
             self.parallel_plan.check_flags(self.block_size, cores, self.allow_oversubscribe)
         except ParallelConfigError as error:
             raise ConfigError(str(error)) from error
@@ -280,7 +280,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="torch compute threads of the engine, split among its tensor-parallel ranks; give engines that "
-        "share a host a share of its cores (default: all)",
+        "share a host a share of its cores (default: every CPU in the engine's affinity mask)",
     )
 
 

@@ -11,9 +11,9 @@ context). Workers need them before rank 0 has loaded anything, since all ranks l
 from __future__ import annotations
 
 import gc
-import os
 from dataclasses import dataclass
 
+from dpgate.host import usable_cores
 from engines.config import ConfigError, EngineConfig
 from engines.gguf_reader import GGUFFile
 from engines.loader import LoadedModel, load_for_serving
@@ -67,8 +67,8 @@ def kv_blocks_for_memory(config: EngineConfig, model: ModelConfig, plan: Paralle
 
 
 def threads_per_rank(config: EngineConfig) -> int:
-    """The engine's threads (--num-threads, else every core) shared out among its TP ranks."""
-    return max(1, (config.num_threads or os.cpu_count() or 1) // config.tensor_parallel_size)
+    """The engine's threads (--num-threads, else every CPU it may run on) shared out among its TP ranks."""
+    return max(1, (config.num_threads or usable_cores()) // config.tensor_parallel_size)
 
 
 def freeze_startup_heap() -> None:

@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from dpgate import __version__
+from dpgate.host import usable_cores
 from dpgate.servicer_guard import ServicerGuard
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
 from engines import kernels
@@ -72,6 +73,12 @@ async def serve(config: EngineConfig) -> int:
         import torch
 
         torch.set_num_threads(config.num_threads)
+        if config.num_threads > usable_cores():
+            logger.warning(
+                "--num-threads %d is more than the %d CPUs this engine may run on: its threads will wait on "
+                "each other at every step; give it at most %d",
+                config.num_threads, usable_cores(), usable_cores(),
+            )  # fmt: skip
     numerics = await asyncio.to_thread(numerics_for, config)
     model = await asyncio.to_thread(start_model, config, source, numerics)
     loaded, runner, max_model_len, num_blocks = model.loaded, model.runner, model.max_model_len, model.num_blocks

@@ -15,13 +15,13 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import socket
 import subprocess
 import sys
 
 from dpgate.config_file import attribute
+from dpgate.host import usable_cores
 from dpgate.logs import add_log_format_argument, configure_logging
 from gateway.config import ConfigError, GatewayConfig, api_keys_from_environment, validate_config
 from gateway.gateway_command import add_limit_arguments, limits_from_args
@@ -114,7 +114,7 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
     if args.engine_metrics_port is not None:
         command += ["--metrics-port", str(args.engine_metrics_port + rank)]
     # Engines on one host share its cores: oversubscribed torch threads spin against each other.
-    command += ["--num-threads", str(max(1, (os.cpu_count() or 1) // args.data_parallel_size))]
+    command += ["--num-threads", str(max(1, usable_cores() // args.data_parallel_size))]
     return command
 
 

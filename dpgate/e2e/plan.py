@@ -5,7 +5,6 @@ launch stage runs exactly it, so what was printed is what runs.
 
 from __future__ import annotations
 
-import os
 import socket
 import sys
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import dpgate
 from dpgate.e2e.contracts import Hosts, Topology
+from dpgate.host import usable_cores
 
 # The import root of this dpgate: children import the same code the runner does.
 SOURCE_ROOT = Path(dpgate.__file__).resolve().parents[1]
@@ -88,7 +88,7 @@ ENGINE_MAX_WAITING = 1024
 
 def threads_per_engine(dp: int) -> int:
     """Engines on one machine share its cores, as `dpgate serve` shares them."""
-    return max(1, (os.cpu_count() or 1) // dp)
+    return max(1, usable_cores() // dp)
 
 
 def engine_argv(settings: RunSettings, rank: int, address: str, port: int) -> tuple[str, ...]:

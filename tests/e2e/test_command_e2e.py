@@ -13,6 +13,7 @@ import pytest
 
 from dpgate.e2e.matrix import CI_TOPOLOGY
 from dpgate.e2e.verdict import EXIT_INTERRUPTED
+from dpgate.host import usable_cores
 from tests.e2e.support import ROOT, E2ERun, process_gone, run_e2e
 
 
@@ -54,7 +55,7 @@ def test_dry_run_prints_the_plan_and_launches_nothing(tmp_path: Path) -> None:
     for rank, line in enumerate(plan[:2]):
         assert f"--data-parallel-rank {rank} --data-parallel-size 2" in line
         assert "--tensor-parallel-size 2 --decode-context-parallel-size 2" in line
-        assert ("--allow-oversubscribe" in line) == ((os.cpu_count() or 1) // 2 < 2)
+        assert ("--allow-oversubscribe" in line) == (usable_cores() // 2 < 2)
         engine_ports.append(line.split("--port ", 1)[1].split()[0])
     assert all(f"--engine 127.0.0.1:{port}" in plan[2] for port in engine_ports)
     assert "bring-up 77s" in run.stdout

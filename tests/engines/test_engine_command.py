@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from tests.support.gguf_files import cut_short, write_one_tensor_gguf
-from tests.support.processes import dpgate_command, free_port
+from tests.support.processes import dpgate_command, free_port, pinned_to_one_cpu
 
 
 def run_engine(*flags: str) -> subprocess.CompletedProcess:
@@ -119,6 +119,18 @@ def test_max_model_len_beyond_the_models_context_exits_2(tiny_model_dir):
     result = run_engine("--port", str(free_port()), "--model", str(tiny_model_dir), "--max-model-len", "5000")
     assert result.returncode == 2
     assert "--max-model-len 5000 must be <= the model's context of 1024" in result.stderr.splitlines()[-1]
+
+
+def test_more_threads_than_the_engine_may_run_on_is_warned_about(tiny_model_dir):
+    """Pinned to one CPU, --num-threads 2 would make every step's threads wait on each other; the
+    too-long --max-model-len ends the start right after the warning."""
+    result = subprocess.run(
+        dpgate_command("engine", "--port", str(free_port()), "--model", str(tiny_model_dir),
+                       "--num-threads", "2", "--max-model-len", "5000"),
+        capture_output=True, text=True, timeout=60, preexec_fn=pinned_to_one_cpu,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--num-threads 2 is more than the 1 CPUs this engine may run on" in result.stderr
 
 
 @pytest.mark.parametrize("flags", [["--help"], []])

@@ -23,6 +23,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def pinned_to_one_cpu() -> None:
+    """A `preexec_fn`: the child may run on one CPU only, as in a one-CPU cpuset."""
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+
 def dpgate_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "dpgate.cli", *args]
 
