@@ -10,6 +10,11 @@ calls (with DCP: the query gather, the shard attention, the exchange and the com
 ranks run the same steps in lockstep. KV bytes per rank count the context's keys and values that
 one rank holds.
 
+The single process runs its layers on the module path, as the TP ranks do, not the fused C++
+layer it is served with (engines/kernels/fused.py): inside that layer attention is no Python call
+to time, so T = 1 would show none. The two paths give the same bits; bench/step_split.py measures
+what the fused layer saves.
+
     python bench/dcp_scaling.py [--contexts 1024 4096 16384 32768] [--steps 5] [--json FILE]
 """
 
@@ -50,6 +55,7 @@ def timed_attention(totals: dict[str, float]):
 
 def measure(tp: int, dcp: int, contexts: list[int], steps: int) -> list[dict]:
     from engines.config import EngineConfig
+    from engines.kernels.fused import unfuse_decoder_layers
     from engines.model_runner import ChunkInput
     from engines.model_source import resolve_model
     from engines.model_startup import start_model
@@ -62,6 +68,7 @@ def measure(tp: int, dcp: int, contexts: list[int], steps: int) -> list[dict]:
         allow_oversubscribe=True,
     )  # fmt: skip
     model = start_model(config, resolve_model(config.model), numerics_for(config))
+    unfuse_decoder_layers(model.loaded.model)  # T = 1 only: TP shards are never fused
     runner = model.runner
     table = range(runner.num_blocks)
     cache = runner.cache
