@@ -6,6 +6,7 @@ once, so a test can add and remove engines from "the headless service" while cal
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import threading
@@ -49,6 +50,9 @@ class ChangingResolver(BaseResolver):
         return reply
 
 
+_PORT_PAIR_ATTEMPTS = 20
+
+
 class _ClassicUdpHandler(DNSHandler):
     udplen = 512  # answers past the classic UDP size arrive truncated, as from a strict server
 
@@ -62,9 +66,20 @@ class TestDnsServer:
         self.resolver = ChangingResolver()
         quiet = DNSLogger(logf=lambda _: None)
         handler = _ClassicUdpHandler if truncate_udp else DNSHandler
-        self._udp = DNSServer(self.resolver, address="127.0.0.1", port=0, logger=quiet, handler=handler)
-        self.port = self._udp.server.server_address[1]
-        self._tcp = DNSServer(self.resolver, address="127.0.0.1", port=self.port, tcp=True, logger=quiet)
+        # The kernel picks a free UDP port; the same number may already be taken for TCP (an
+        # ephemeral client port of some other connection), so on a clash try another pair.
+        for _attempt in range(_PORT_PAIR_ATTEMPTS):
+            self._udp = DNSServer(self.resolver, address="127.0.0.1", port=0, logger=quiet, handler=handler)
+            self.port = self._udp.server.server_address[1]
+            try:
+                self._tcp = DNSServer(self.resolver, address="127.0.0.1", port=self.port, tcp=True, logger=quiet)
+            except OSError as error:
+                self._udp.server.server_close()
+                if error.errno != errno.EADDRINUSE:
+                    raise
+                continue
+            return
+        raise OSError(errno.EADDRINUSE, f"no port free for both UDP and TCP in {_PORT_PAIR_ATTEMPTS} tries")
 
     @property
     def address(self) -> str:
