@@ -5,7 +5,6 @@ launch stage runs exactly it, so what was printed is what runs.
 
 from __future__ import annotations
 
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import dpgate
 from dpgate.e2e.contracts import Hosts, Topology
 from dpgate.host import usable_cores
+from dpgate.ports import free_port
 
 # The import root of this dpgate: children import the same code the runner does.
 SOURCE_ROOT = Path(dpgate.__file__).resolve().parents[1]
@@ -73,13 +73,6 @@ class Plan:
 
 def host_names(topology: Topology) -> list[str]:
     return ["gateway", *(f"engine-{rank}" for rank in range(topology.dp))]
-
-
-def free_port() -> int:
-    """A port the OS calls free on the loopback now (the child binds it moments later)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # Enough queue for the load workload's 1,000 concurrent streams on a single engine (DP=1).

@@ -10,7 +10,6 @@ import contextlib
 import os
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from dpgate.ports import free_port
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,12 +31,6 @@ RANK_KEY = "x-data-parallel-rank"
 FAST_HEALTH = ("--health-interval", "0.25", "--health-timeout", "0.25", "--failure-threshold", "1")
 # Tests stop gateways with SIGTERM; without calls in flight there is nothing to wait for.
 QUICK_DRAIN = ("--drain-grace", "0", "--shutdown-timeout", "5")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _env() -> dict[str, str]:
@@ -194,9 +188,10 @@ class GatewayProcess:
     """A `dpgate gateway` process; `port` is the one it reports after binding port 0."""
 
     def __init__(self, engines: list[str], *flags: str, log_dir: Path, name: str = "gateway") -> None:
-        self.metrics_port = free_port()
         self.log_path = log_dir / f"{name}.log"
-        command = [PYTHON, "-m", "dpgate.cli", "gateway", "--port", "0", "--metrics-port", str(self.metrics_port)]
+        # Port 0 for both, read back from the gateway's line: a port picked here and freed before
+        # the gateway binds it can be taken meanwhile by another process's connection.
+        command = [PYTHON, "-m", "dpgate.cli", "gateway", "--port", "0", "--metrics-port", "0"]
         command += QUICK_DRAIN  # flags given later win (argparse keeps the last value)
         for engine in engines:
             command += ["--engine", engine]
@@ -205,7 +200,8 @@ class GatewayProcess:
             [*command, *flags], stdout=subprocess.PIPE, stderr=log, text=True, env=_env(), cwd=ROOT
         )
         line = read_line(self.process, "listening on", timeout=30)
-        self.port = int(line.split("listening on ", 1)[1].split()[0].split(":")[-1].rstrip(","))
+        self.port = _port_after(line, "listening on ")
+        self.metrics_port = _port_after(line, "metrics on ")
 
     @property
     def address(self) -> str:
@@ -227,6 +223,11 @@ class GatewayProcess:
                 self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
+
+
+def _port_after(line: str, label: str) -> int:
+    """The port of the HOST:PORT that follows `label` in a "listening on" line."""
+    return int(line.split(label, 1)[1].split()[0].rstrip(",").rsplit(":", 1)[1])
 
 
 @contextlib.contextmanager

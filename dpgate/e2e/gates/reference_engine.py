@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpgate.e2e.gates.calls import remaining
+from dpgate.ports import free_port
 
 # The directory holding the `dpgate` package the gate was imported from, so the reference runs
 # the same code as the gate (a checkout or an installed distribution alike).
@@ -31,12 +31,6 @@ _LOG_LINES_ON_FAILURE = 20
 
 class ReferenceEngineFailed(RuntimeError):
     """The reference engine exited before serving; the message ends with its last log lines."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _log_tail(path: Path) -> str:
@@ -74,7 +68,7 @@ def _stop(process: subprocess.Popen) -> None:
 def reference_engine(model: str, deadline: float) -> Iterator[str]:
     """Run the reference engine for `model` until the block ends; yields its HOST:PORT once SERVING.
     Raises ReferenceEngineFailed if it exits first, TimeoutError if `deadline` passes first."""
-    port = _free_port()
+    port = free_port()
     python_path = [str(_PACKAGE_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(python_path))
     # A model given as a relative path is resolved here, since the engine runs in a scratch folder.
