@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engines.sampling_params import SamplingParams
@@ -73,11 +74,23 @@ def is_plain_greedy(params: SamplingParams, blocked_token_ids: list[int] | tuple
 
 def greedy_tokens(logits: torch.Tensor, rows: list[int]) -> dict[int, SampledToken]:
     """The argmax token of each of `rows` of `logits` [batch, vocab], in one op and one host copy.
-    Row by row the same token as `sample` (both take the first maximal index), whatever the batch."""
+    Row by row the same token as `sample` (both take the first maximal index), whatever the batch;
+    through numpy, as `first_argmax` says why."""
     if not rows:
         return {}
-    picked = logits.argmax(-1) if len(rows) == logits.shape[0] else logits[rows].argmax(-1)
-    return {row: SampledToken(token_id) for row, token_id in zip(rows, picked.tolist(), strict=True)}
+    values = logits.float().numpy()  # float() costs nothing on float32 logits
+    if len(rows) == values.shape[0]:
+        picked = np.argmax(values, axis=1).tolist()
+    else:
+        picked = [int(np.argmax(values[row])) for row in rows]
+    return {row: SampledToken(token_id) for row, token_id in zip(rows, picked, strict=True)}
+
+
+def first_argmax(logits: torch.Tensor) -> int:
+    """The first index of the largest of `logits` [vocab], as `torch.argmax` picks it. Through
+    numpy: its argmax is vectorized, torch's CPU argmax a scalar loop (a 49,152-token row: 4 us
+    against 85 us; 8 rows on two threads: 35 us against 200-670 us)."""
+    return int(np.argmax(logits.float().numpy()))
 
 
 def sample(
@@ -102,7 +115,7 @@ def sample(
     if blocked_token_ids:
         logits[list(blocked_token_ids)] = float("-inf")
     if params.is_greedy:
-        token_id = int(logits.argmax())
+        token_id = first_argmax(logits)
     else:
         probs = filter_logits(logits, params).softmax(-1)
         token_id = int(torch.multinomial(probs, 1, generator=generator))

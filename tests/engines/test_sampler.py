@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engines.sampler import filter_logits, greedy_tokens, is_plain_greedy, sample
+from engines.sampler import filter_logits, first_argmax, greedy_tokens, is_plain_greedy, sample
 from engines.sampling_params import InvalidRequestError, SamplingParams
 
 VOCAB = 8
@@ -161,3 +161,17 @@ def test_greedy_tokens_of_a_batch_are_each_rows_own_sample():
     assert {row: t.token_id for row, t in greedy_tokens(batch, list(range(6))).items()} == alone
     assert {row: t.token_id for row, t in greedy_tokens(batch, [4, 2]).items()} == {4: alone[4], 2: 7}
     assert greedy_tokens(batch, []) == {}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_numpy_argmax_picks_what_torch_argmax_picks(dtype):
+    """Ties (bfloat16 makes many), -inf everywhere but one token, and a row of nothing but -inf."""
+    batch = torch.randn(5, 49152, generator=torch.Generator().manual_seed(2)).to(dtype)
+    batch[1] = float("-inf")
+    batch[1, 40000] = 0.0
+    batch[3] = float("-inf")
+    batch[4, 11] = batch[4, 20000] = batch[4].max() + 1
+    reference = batch.argmax(-1).tolist()
+    assert [first_argmax(row) for row in batch] == reference
+    assert [t.token_id for t in greedy_tokens(batch, list(range(5))).values()] == reference
+    assert {row: t.token_id for row, t in greedy_tokens(batch, [3, 4]).items()} == {3: reference[3], 4: 11}
