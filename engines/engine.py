@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from engines.block_manager import BlockManager
-from engines.grammar.bitmask import NO_MASKS, MaskBuffers, MaskedRows, mask_constrained_rows
+from engines.grammar.bitmask import FilledMasks, MaskBuffers, MaskedRows, apply_masks, fill_masks
 from engines.model_runner import ChunkInput, ModelRunner
-from engines.sampler import greedy_tokens, is_plain_greedy, sample
+from engines.sampler import SampledToken, greedy_tokens, is_plain_greedy, sample
 from engines.scheduler import Scheduler, SchedulerConfig
 from engines.sequence import Sequence, StepOutput
 
@@ -68,6 +68,8 @@ class LLMEngine:
         scheduled = self.scheduler.schedule()
         if not scheduled.chunks:
             return []
+        sampling = [chunk.seq for chunk in scheduled.chunks if chunk.samples]
+        masks = self._fill_grammar_masks(sampling)  # before the forward, while the matchers are in cache
         inputs = [self._chunk_input(c.seq, c.start, c.num_tokens, c.samples) for c in scheduled.chunks]
         step = self.runner.execute_step(inputs)
         logits = step.logits
@@ -77,7 +79,7 @@ class LLMEngine:
             seq.prompt_logprobs.extend(scored)
             seq.num_computed_tokens = chunk.start + chunk.num_tokens
             stats.num_prompt_tokens += max(0, min(seq.num_computed_tokens, len(seq.prompt_ids)) - chunk.start)
-        outputs = self._sample([chunk.seq for chunk in scheduled.chunks if chunk.samples], logits, stats)
+        outputs = self._sample(sampling, logits, masks, stats)
         stats.seconds = time.perf_counter() - started
         self.last_step = stats
         return outputs
@@ -96,12 +98,16 @@ class LLMEngine:
             seq.sampling.prompt_logprobs or 0,
         )
 
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor, stats: StepStats) -> list[StepOutput]:
+    def _sample(
+        self, seqs: list[Sequence], logits: torch.Tensor, masks: FilledMasks | None, stats: StepStats
+    ) -> list[StepOutput]:
         """Row i of `logits` is seqs[i]'s next token. Constrained rows are masked first, all at once;
         a row its grammar leaves empty ends that request with an error and is not sampled. Plain
-        greedy rows take their argmax together (one op, one host copy), the others `sample`."""
-        masked = self._mask_grammars(logits, seqs)
+        greedy rows take their argmax together (one op, one host copy), masked or not; the others
+        `sample`."""
+        masked = self._apply_grammar_masks(logits, masks)
         greedy = greedy_tokens(logits, _plain_greedy_rows(seqs, masked))
+        greedy |= _greedy_masked_tokens(seqs, masked)
         outputs = []
         for row, seq in enumerate(seqs):
             if row in masked.conflicts:
@@ -129,13 +135,21 @@ class LLMEngine:
                 self.scheduler.finish(seq)
         return outputs
 
-    def _mask_grammars(self, logits: torch.Tensor, seqs: list[Sequence]) -> MaskedRows:
-        """One bitmask for the step's constrained rows, applied in one pass; nothing when there are none."""
-        started = time.perf_counter()
+    def _fill_grammar_masks(self, seqs: list[Sequence]) -> FilledMasks | None:
+        """One bitmask for the step's constrained rows; None when there are none."""
         if not any(seq.grammar is not None for seq in seqs):
-            return NO_MASKS
-        masked = mask_constrained_rows(logits, seqs, self.mask_buffers)
+            return None
+        started = time.perf_counter()
+        masks = fill_masks(seqs, self.runner.vocab_size, self.mask_buffers)
         self.mask_seconds += time.perf_counter() - started
+        return masks
+
+    def _apply_grammar_masks(self, logits: torch.Tensor, masks: FilledMasks | None) -> MaskedRows:
+        """The constrained rows masked in one pass (copies; the raw rows stay for logprobs)."""
+        started = time.perf_counter()
+        masked = apply_masks(logits, masks)
+        if masks is not None:
+            self.mask_seconds += time.perf_counter() - started
         return masked
 
 
@@ -147,6 +161,15 @@ def _plain_greedy_rows(seqs: list[Sequence], masked: MaskedRows) -> list[int]:
         for row, seq in enumerate(seqs)
         if row not in special and is_plain_greedy(seq.sampling, seq.blocked_token_ids)
     ]
+
+
+def _greedy_masked_tokens(seqs: list[Sequence], masked: MaskedRows) -> dict[int, SampledToken]:
+    """The argmax of each masked row whose request is greedy with nothing else asked, by batch
+    row: what `sample` would pick (its stop tokens blocked before min_tokens are already cleared
+    from the mask), in one op for all of them."""
+    rows = [row for row in masked.index if row not in masked.conflicts and is_plain_greedy(seqs[row].sampling)]
+    picked = greedy_tokens(masked.logits, [masked.index[row] for row in rows])
+    return {row: picked[masked.index[row]] for row in rows}
 
 
 def _chunk_token_ids(seq: Sequence, start: int, num_tokens: int) -> list[int]:

@@ -80,6 +80,7 @@ class ModelRunner:
         self.cache = KVCache(
             config.num_layers, self.plan.kv_heads(config), config.head_dim, self.num_blocks, block_size, loaded.dtype
         )
+        self.vocab_size = config.vocab_size  # the width of the logits
         self.score_block_rows = rows_per_block(config.vocab_size)
 
     def execute(self, chunks: Sequence[ChunkInput]) -> torch.Tensor:

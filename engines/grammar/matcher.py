@@ -67,8 +67,13 @@ class RequestGrammar:
         """Write the allowed next tokens into `bitmask[row]` (int32 words, bit t % 32 of word t // 32):
         xgrammar's mask, less every stop token unless the grammar can end here."""
         self.matcher.fill_next_token_bitmask(bitmask, row)
-        if not self.can_end:
-            clear_bits(bitmask[row], self.sorted_stop_token_ids)
+        clear_bits(bitmask[row], self.stop_tokens_to_clear())
+
+    def stop_tokens_to_clear(self) -> Sequence[int]:
+        """The stop tokens xgrammar's mask may allow here but this request may not take: all of
+        them while the grammar cannot end, none once it can (a step's rows, filled together by
+        engines/grammar/bitmask.py, clear theirs together)."""
+        return () if self.can_end else self.sorted_stop_token_ids
 
     def explain_empty_mask(self, output_ids: Sequence[int], blocked_token_ids: Sequence[int], min_tokens: int) -> str:
         """Why no token is allowed after `output_ids`, naming the conflict. Runs only on that failure."""

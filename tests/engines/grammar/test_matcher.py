@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dpgate.v1 import generate_pb2 as pb
-from engines.grammar.bitmask import MaskBuffers, clear_bits, mask_constrained_rows
+from engines.grammar.bitmask import MaskBuffers, clear_bits, clear_bits_of_rows, mask_constrained_rows
 from engines.grammar.matcher import RequestGrammar, allowed_token_ids
 from engines.grammar.spec import json_schema_spec, regex_spec
 from engines.grammar.vocab import special_token_ids
@@ -173,3 +173,15 @@ def test_clear_bits_handles_the_sign_bit_of_an_int32_word():
     row = torch.full((2,), -1, dtype=torch.int32)
     clear_bits(row, [31, 32, 0])
     assert allowed_token_ids(row, 64) == [t for t in range(64) if t not in (0, 31, 32)]
+
+
+def test_clearing_many_rows_at_once_clears_exactly_the_named_bits():
+    """Several tokens of one word, the sign bit, repeats and rows without any: against a bit-by-bit reference."""
+    generator = torch.Generator().manual_seed(3)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (4, 6), dtype=torch.int32, generator=generator)
+    cleared = [(0, [0, 1, 31, 31]), (2, [32, 63, 64, 191]), (0, [95]), (3, [])]
+    expected = {row: set(allowed_token_ids(bitmask[row], 192)) for row in range(4)}
+    for row, token_ids in cleared:
+        expected[row] -= set(token_ids)
+    clear_bits_of_rows(bitmask.numpy(), cleared)
+    assert {row: set(allowed_token_ids(bitmask[row], 192)) for row in range(4)} == expected
