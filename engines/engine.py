@@ -147,7 +147,7 @@ class LLMEngine:
     def _apply_grammar_masks(self, logits: torch.Tensor, masks: FilledMasks | None) -> MaskedRows:
         """The constrained rows masked in one pass (copies; the raw rows stay for logprobs)."""
         started = time.perf_counter()
-        masked = apply_masks(logits, masks)
+        masked = apply_masks(logits, masks, with_kernel=self.runner.kernel_isa is not None)
         if masks is not None:
             self.mask_seconds += time.perf_counter() - started
         return masked

@@ -112,28 +112,40 @@ def fill_masks(seqs: Seq[Sequence], vocab_size: int, buffers: MaskBuffers) -> Fi
     return FilledMasks(rows, bitmask, masked, vocab_size, conflicts)
 
 
-def apply_masks(logits: torch.Tensor, filled: FilledMasks | None) -> MaskedRows:
+def apply_masks(logits: torch.Tensor, filled: FilledMasks | None, *, with_kernel: bool) -> MaskedRows:
     """`logits`: float32 [batch, vocab], the rows `fill_masks` was given. The masked rows are
-    copies (one op for all of them; the raw rows stay for logprobs) that live in the buffers
-    until the next step."""
+    copies (the raw rows stay for logprobs) that live in the buffers until the next step.
+
+    `with_kernel`: copy and mask in one pass with dpgate's kernel library (an engine that runs
+    its batch-invariant kernels has it loaded); else a copy, then xgrammar's CPU kernel. Both
+    give the same bits. xgrammar's goes token by token where a token is masked: at batch 8, a
+    mask that allows a few hundred tokens took it 1.7 ms, and ours 0.1 ms (all allowed: 0.05 ms
+    each)."""
     if filled is None:
         return NO_MASKS
-    import xgrammar as xgr
-
     if logits.shape[1] != filled.vocab_size:
         raise ValueError(f"logits of {logits.shape[1]} tokens for masks of {filled.vocab_size}")
     rows, masked = filled.rows, filled.masked
-    if len(rows) == logits.shape[0]:
-        masked.copy_(logits)
+    if with_kernel:
+        from engines import kernels
+
+        kernels.mask_rows(logits, torch.tensor(rows), filled.bitmask, masked, filled.vocab_size)
     else:
-        torch.index_select(logits, 0, torch.tensor(rows), out=masked)
-    xgr.apply_token_bitmask_inplace(masked, filled.bitmask, vocab_size=filled.vocab_size)
+        import xgrammar as xgr
+
+        if len(rows) == logits.shape[0]:
+            masked.copy_(logits)
+        else:
+            torch.index_select(logits, 0, torch.tensor(rows), out=masked)
+        xgr.apply_token_bitmask_inplace(masked, filled.bitmask, vocab_size=filled.vocab_size)
     return MaskedRows(masked, {i: j for j, i in enumerate(rows)}, dict(filled.conflicts))
 
 
-def mask_constrained_rows(logits: torch.Tensor, seqs: Seq[Sequence], buffers: MaskBuffers) -> MaskedRows:
+def mask_constrained_rows(
+    logits: torch.Tensor, seqs: Seq[Sequence], buffers: MaskBuffers, *, with_kernel: bool = False
+) -> MaskedRows:
     """`fill_masks` and `apply_masks` at once: `logits` [len(seqs), vocab], row i for seqs[i]."""
-    return apply_masks(logits, fill_masks(seqs, logits.shape[1], buffers))
+    return apply_masks(logits, fill_masks(seqs, logits.shape[1], buffers), with_kernel=with_kernel)
 
 
 def clear_bits(row: torch.Tensor, token_ids: Seq[int]) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "linear",
     "linear_weights",
     "load",
+    "mask_rows",
     "pack_quantized",
     "pack_weight",
     "rms_norm",
@@ -245,6 +246,14 @@ def dcp_publish(out: torch.Tensor, lse: torch.Tensor, out_slot: torch.Tensor, ls
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, isa: str) -> torch.Tensor:
     """x / rms(x) * weight over the last dimension; `weight` float32 (Gemma's 1 + w already added)."""
     return _ops().rms_norm(x, weight, eps, isa)
+
+
+def mask_rows(
+    logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor, out: torch.Tensor, vocab_size: int
+) -> None:
+    """out[j] = logits[rows[j]] with -inf where bitmask[j] (int32 words, bit t % 32 of word t // 32)
+    clears token t: the copy and the mask in one pass (engines/grammar/bitmask.py says why)."""
+    _ops().mask_rows(logits, rows, bitmask, out, vocab_size)
 
 
 def act_and_mul(x: torch.Tensor, activation: str, isa: str) -> torch.Tensor:

@@ -8,10 +8,12 @@
 #include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sched.h>
 #include <string>
 #include <tuple>
@@ -198,6 +200,69 @@ at::Tensor act_and_mul(const at::Tensor& x, const std::string& activation, const
   return out;
 }
 
+// For each byte value, the eight lanes it keeps: all ones where its bit is set, else zero.
+struct ByteLanes {
+  uint32_t lanes[256][8];
+  constexpr ByteLanes() : lanes() {
+    for (int byte = 0; byte < 256; ++byte) {
+      for (int b = 0; b < 8; ++b) lanes[byte][b] = (byte >> b) & 1 ? 0xFFFFFFFFu : 0u;
+    }
+  }
+};
+constexpr ByteLanes kByteLanes;
+
+// Eight logits of one mask byte: kept lanes keep their bits, the others become -inf (as bits).
+inline void mask_eight(const float* src, float* dst, uint32_t byte) {
+  constexpr uint32_t kNegInf = 0xFF800000u;
+  const uint32_t* keep = kByteLanes.lanes[byte];
+  uint32_t in[8], out[8];
+  std::memcpy(in, src, sizeof(in));
+  for (int b = 0; b < 8; ++b) out[b] = (in[b] & keep[b]) | (kNegInf & ~keep[b]);
+  std::memcpy(dst, out, sizeof(out));
+}
+
+// Grammar masks (engines/grammar/bitmask.py): out[j, t] = logits[rows[j], t] where bit t % 32 of
+// bitmask[j, t / 32] is set, else -inf, for t < vocab_size. One pass that copies and masks: a word
+// of all ones is a plain copy, a zero word a fill, mixed words go eight lanes at a time by bit
+// operations (a table per mask byte, so no branch per token). Exact (a kept logit keeps its bits),
+// and each row from its own row alone.
+void mask_rows(const at::Tensor& logits, const at::Tensor& rows, const at::Tensor& bitmask, const at::Tensor& out,
+               int64_t vocab_size) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
+              "dpgate mask_rows: logits must be float32 [batch, vocab] with contiguous rows");
+  TORCH_CHECK(rows.dim() == 1 && rows.scalar_type() == at::kLong && rows.is_contiguous(),
+              "dpgate mask_rows: rows must be int64 [R]");
+  const int64_t R = rows.size(0), words = (vocab_size + 31) / 32;
+  TORCH_CHECK(0 < vocab_size && vocab_size <= logits.size(1), "dpgate mask_rows: vocab_size out of range");
+  TORCH_CHECK(bitmask.dim() == 2 && bitmask.scalar_type() == at::kInt && bitmask.is_contiguous() &&
+                  bitmask.size(0) >= R && bitmask.size(1) >= words,
+              "dpgate mask_rows: bitmask must be int32 [>= R, >= ceil(vocab / 32)], contiguous");
+  TORCH_CHECK(out.dim() == 2 && out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) >= R &&
+                  out.size(1) >= vocab_size,
+              "dpgate mask_rows: out must be float32 [>= R, >= vocab], contiguous");
+  const int64_t* row_ids = rows.data_ptr<int64_t>();
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < R; ++j) {
+    TORCH_CHECK(0 <= row_ids[j] && row_ids[j] < logits.size(0), "dpgate mask_rows: a row index is out of range");
+    const float* src = logits.data_ptr<float>() + row_ids[j] * logits.stride(0);
+    float* dst = out.data_ptr<float>() + j * out.stride(0);
+    const uint32_t* bits = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>()) + j * bitmask.stride(0);
+    for (int64_t w = 0; w < words; ++w) {
+      const int64_t begin = 32 * w, n = std::min<int64_t>(32, vocab_size - begin);
+      const uint32_t word = bits[w];
+      if (n == 32 && word == 0xFFFFFFFFu) {
+        std::memcpy(dst + begin, src + begin, sizeof(float) * 32);
+      } else if (word == 0) {
+        std::fill(dst + begin, dst + begin + n, kMasked);
+      } else if (n == 32) {
+        for (int k = 0; k < 4; ++k) mask_eight(src + begin + 8 * k, dst + begin + 8 * k, (word >> (8 * k)) & 0xFFu);
+      } else {  // the vocabulary's last, partial word
+        for (int64_t b = 0; b < n; ++b) dst[begin + b] = (word >> b) & 1u ? src[begin + b] : kMasked;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace dpgate
 
@@ -222,4 +287,6 @@ TORCH_LIBRARY(dpgate, m) {
         &dpgate::dcp_combine);
   m.def("rms_norm(Tensor x, Tensor weight, float eps, str isa) -> Tensor", &dpgate::rms_norm);
   m.def("act_and_mul(Tensor x, str activation, str isa) -> Tensor", &dpgate::act_and_mul);
+  m.def("mask_rows(Tensor logits, Tensor rows, Tensor bitmask, Tensor(a!) out, int vocab_size) -> ()",
+        &dpgate::mask_rows);
 }

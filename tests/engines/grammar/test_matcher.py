@@ -110,8 +110,9 @@ def sequence(tokenizer, compiler, output_ids, **fields):
     return seq
 
 
+@pytest.mark.parametrize("with_kernel", [False, True], ids=["xgrammar", "dpgate-kernel"])
 def test_one_bitmask_masks_the_constrained_rows_exactly_and_leaves_the_rest_alone(
-    smollm2_compiler, smollm2_tokenizer, ids
+    smollm2_compiler, smollm2_tokenizer, ids, with_kernel
 ):
     seqs = [
         sequence(smollm2_tokenizer, smollm2_compiler, [], structured_output=pb.StructuredOutput(regex="[0-9]+")),
@@ -126,8 +127,9 @@ def test_one_bitmask_masks_the_constrained_rows_exactly_and_leaves_the_rest_alon
     logits = torch.randn(3, SMOLLM2_VOCAB_SIZE, generator=torch.Generator().manual_seed(0))
     before = logits.clone()
     buffers = MaskBuffers()  # used by an earlier, wider step first: nothing of it may leak
-    mask_constrained_rows(torch.full((3, SMOLLM2_VOCAB_SIZE), 7.0), [seqs[2], seqs[0], seqs[2]], buffers)
-    masked = mask_constrained_rows(logits, seqs, buffers)
+    wider = torch.full((3, SMOLLM2_VOCAB_SIZE), 7.0)
+    mask_constrained_rows(wider, [seqs[2], seqs[0], seqs[2]], buffers, with_kernel=with_kernel)
+    masked = mask_constrained_rows(logits, seqs, buffers, with_kernel=with_kernel)
     assert torch.equal(logits, before) and masked.index == {0: 0, 2: 1} and not masked.conflicts
     for row, grammar in ((0, seqs[0].grammar), (2, seqs[2].grammar)):
         keep = torch.zeros(SMOLLM2_VOCAB_SIZE, dtype=torch.bool)
