@@ -37,11 +37,11 @@ COPY dpgate ./dpgate
 COPY gateway ./gateway
 COPY engines ./engines
 # -P: import the installed packages, not /src. The kernels are compiled here, and the default
-# model's tokenizer converted from its GGUF once (engines/tokenizer.py keeps it in the cache too).
+# model's tokenizer converted from its GGUF once (engines/model/tokenizer.py keeps it in the cache too).
 RUN pip install --no-deps . \
     && python -P -m engines.kernels \
-    && python -P -c "from engines.model_source import DEFAULT_MODEL, resolve_model; \
-from engines.tokenizer import load_tokenizer; load_tokenizer(resolve_model(DEFAULT_MODEL))"
+    && python -P -c "from engines.model.source import DEFAULT_MODEL, resolve_model; \
+from engines.model.tokenizer import load_tokenizer; load_tokenizer(resolve_model(DEFAULT_MODEL))"
 
 
 FROM ${PYTHON_IMAGE} AS runtime

@@ -11,7 +11,7 @@ ranks run the same steps in lockstep. KV bytes per rank count the context's keys
 one rank holds.
 
 The single process runs its layers on the module path, as the TP ranks do, not the fused C++
-layer it is served with (engines/kernels/fused.py): inside that layer attention is no Python call
+layer it is served with (engines/model/fused.py): inside that layer attention is no Python call
 to time, so T = 1 would show none. The two paths give the same bits; bench/step_split.py measures
 what the fused layer saves.
 
@@ -35,7 +35,7 @@ CONFIGURATIONS = ((1, 1), (2, 1), (2, 2))
 def timed_attention(totals: dict[str, float]):
     """Accumulate the time rank 0 spends in attention (the model modules call `attend`), apart for
     the global layers and the sliding-window ones (Gemma 3: 3 of 18 layers are global)."""
-    import engines.models.llama as llama
+    import engines.model.llama as llama
 
     original = llama.attend
 
@@ -55,11 +55,11 @@ def timed_attention(totals: dict[str, float]):
 
 def measure(tp: int, dcp: int, contexts: list[int], steps: int) -> list[dict]:
     from engines.config import EngineConfig
-    from engines.kernels.fused import unfuse_decoder_layers
-    from engines.model_runner import ChunkInput
-    from engines.model_source import resolve_model
-    from engines.model_startup import start_model
-    from engines.server import numerics_for
+    from engines.model.fused import unfuse_decoder_layers
+    from engines.model.source import resolve_model
+    from engines.runner.model_runner import ChunkInput
+    from engines.serving.server import numerics_for
+    from engines.serving.startup import start_model
 
     longest = max(contexts)
     config = EngineConfig(

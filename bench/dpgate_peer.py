@@ -26,12 +26,12 @@ class DpgatePeer:
 
         from engines.config import EngineConfig
         from engines.engine import LLMEngine
-        from engines.loader import load_for_serving
-        from engines.model_runner import ModelRunner
-        from engines.model_source import resolve_model
-        from engines.model_startup import freeze_startup_heap
-        from engines.request_builder import ModelLimits
-        from engines.scheduler import SchedulerConfig
+        from engines.model.source import resolve_model
+        from engines.runner.loader import load_for_serving
+        from engines.runner.model_runner import ModelRunner
+        from engines.scheduling.scheduler import SchedulerConfig
+        from engines.serving.request_builder import ModelLimits
+        from engines.serving.startup import freeze_startup_heap
 
         self.numerics = engine_numerics(True, isa, quantization=quantization)
         self.loaded = loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), self.numerics)
@@ -47,7 +47,7 @@ class DpgatePeer:
 
     def _add(self, prompt: list[int], max_tokens: int) -> None:
         from dpgate.v1 import generate_pb2 as pb
-        from engines.request_builder import build_sequence
+        from engines.serving.request_builder import build_sequence
 
         request = pb.GenerateRequest(
             request_id=str(self.next_id),

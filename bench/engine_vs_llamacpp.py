@@ -179,7 +179,7 @@ def serve_peer(args: argparse.Namespace) -> None:
 
 
 def peer_gguf_path() -> Path:
-    from engines.model_source import resolve_model
+    from engines.model.source import resolve_model
 
     return resolve_model("smollm2-135m-instruct").path
 

@@ -23,11 +23,11 @@ from step_clock import timed_greedy_generate
 
 from dpgate.v1 import generate_pb2 as pb
 from engines.engine import LLMEngine
-from engines.loader import load_for_serving
-from engines.model_runner import ModelRunner
-from engines.model_source import resolve_model
-from engines.numerics import Numerics
-from engines.request_builder import ModelLimits, build_sequence
+from engines.model.numerics import Numerics
+from engines.model.source import resolve_model
+from engines.runner.loader import load_for_serving
+from engines.runner.model_runner import ModelRunner
+from engines.serving.request_builder import ModelLimits, build_sequence
 
 PROMPT = "The history of the printing press begins"
 

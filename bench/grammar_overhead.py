@@ -93,11 +93,11 @@ def main() -> None:
     from engines.grammar.compiler import GrammarCompiler
     from engines.grammar.matcher import RequestGrammar
     from engines.grammar.spec import json_schema_spec
-    from engines.loader import load_for_serving
-    from engines.model_runner import ModelRunner
-    from engines.model_source import resolve_model
-    from engines.request_builder import ModelLimits, build_sequence
-    from engines.scheduler import SchedulerConfig
+    from engines.model.source import resolve_model
+    from engines.runner.loader import load_for_serving
+    from engines.runner.model_runner import ModelRunner
+    from engines.scheduling.scheduler import SchedulerConfig
+    from engines.serving.request_builder import ModelLimits, build_sequence
 
     numerics = engine_numerics()
     loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), numerics)

@@ -123,8 +123,8 @@ def build(location: LlamaCppBuild, jobs: int = 2, log=print, run=subprocess.run)
 
 def location_for(isa: str = "native", cache_dir: Path | None = None) -> LlamaCppBuild:
     """Where this CPU's build for `isa` lives (built or not)."""
-    from engines.cache_dir import dpgate_cache_dir
-    from engines.cpu import cpu_info
+    from dpgate.cache_dir import dpgate_cache_dir
+    from engines.kernels.cpu import cpu_info
 
     return build_location(cache_dir or dpgate_cache_dir(), cpu_info().flags, isa)
 

@@ -9,7 +9,7 @@ import os
 def describe_machine(with_torch: bool = True) -> str:
     """CPU model and the flags numerics are chosen by; with torch, its threads and kernel level
     (the gateway bench passes False: a gateway host needs no torch)."""
-    from engines.cpu import cpu_info
+    from engines.kernels.cpu import cpu_info
 
     if not with_torch:
         return f"CPU: {cpu_info().describe()}; {os.cpu_count()} cores"
@@ -26,8 +26,8 @@ def engine_numerics(batch_invariant: bool = True, isa: str | None = None, dtype:
     """dpgate's numerics as `dpgate engine` would choose them; `isa` caps the kernels' instruction
     set (e.g. "avx2" on an AVX-512 machine, to measure what an AVX2-only CPU would run)."""
     from engines import kernels
-    from engines.cpu import cpu_info
-    from engines.numerics import KERNEL_ISAS, choose_numerics
+    from engines.kernels.cpu import cpu_info
+    from engines.model.numerics import KERNEL_ISAS, choose_numerics
 
     isas = kernels.supported_isas() if batch_invariant else ()
     if isa is not None:
@@ -42,7 +42,7 @@ def transformers_dtype(isa: str | None = None):
     (not when the bench emulates an AVX2-only CPU with `--isa avx2`)."""
     import torch
 
-    from engines.cpu import cpu_info
+    from engines.kernels.cpu import cpu_info
 
     native = cpu_info().has_native_bf16 and isa not in ("avx2", "scalar")
     return torch.bfloat16 if native else torch.float32

@@ -60,8 +60,8 @@ def main() -> None:
 
 
 def served_only(target: Target, args: argparse.Namespace) -> dict:
-    from engines.model_source import resolve_model
-    from engines.tokenizer import load_tokenizer
+    from engines.model.source import resolve_model
+    from engines.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(resolve_model(args.model))
     text = perplexity.TEXT_PATH.read_text(encoding="utf-8")

@@ -31,7 +31,7 @@ from gguf.quants import dequantize, quantize
 
 from engines import kernels
 from engines.kernels.gguf_blocks import decode
-from engines.quantization import quantize_rows_int8
+from engines.model.quantization import quantize_rows_int8
 
 LAYERS = 30
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}

@@ -23,8 +23,8 @@ PROMPT_TOKENS, CONCURRENCY = 256, 16
 def load(quantization: str, isa: str | None):
     from machine import engine_numerics
 
-    from engines.loader import load_for_serving
-    from engines.model_source import resolve_model
+    from engines.model.source import resolve_model
+    from engines.runner.loader import load_for_serving
 
     return load_for_serving(
         resolve_model("smollm2-135m-instruct"), engine_numerics(True, isa, quantization=quantization)
@@ -37,7 +37,7 @@ def prompts(count: int) -> list[list[int]]:
 
 
 def prefill_rate(loaded) -> float:
-    from engines.model_runner import ModelRunner
+    from engines.runner.model_runner import ModelRunner
 
     runner = ModelRunner(loaded, PROMPT_TOKENS + 8)
     start = time.perf_counter()
@@ -49,9 +49,9 @@ def serve(loaded, count: int, output: int) -> float:
     """Output tokens/s of `count` concurrent greedy requests of 256 + `output` tokens, end to end."""
     from dpgate.v1 import generate_pb2 as pb
     from engines.engine import LLMEngine
-    from engines.model_runner import ModelRunner
-    from engines.request_builder import ModelLimits, build_sequence
-    from engines.scheduler import SchedulerConfig
+    from engines.runner.model_runner import ModelRunner
+    from engines.scheduling.scheduler import SchedulerConfig
+    from engines.serving.request_builder import ModelLimits, build_sequence
 
     max_len = PROMPT_TOKENS + output
     runner = ModelRunner(loaded, max_len, num_blocks=count * max_len // 16 + 16, block_size=16)
@@ -73,7 +73,7 @@ def serve(loaded, count: int, output: int) -> float:
 
 def decode_rate(loaded, output: int) -> float:
     """Batch-1 decode tokens/s after a short prompt (the prefill excluded)."""
-    from engines.model_runner import ModelRunner
+    from engines.runner.model_runner import ModelRunner
 
     runner = ModelRunner(loaded, 16 + output + 1)
     ids = prompts(1)[0][:16]

@@ -29,7 +29,7 @@ def machine_record(with_torch: bool = True) -> dict:
     """The CPU and how the bench used it; `with_torch=False` for benches that load no torch (gateway)."""
     from machine import describe_machine
 
-    from engines.cpu import cpu_info
+    from engines.kernels.cpu import cpu_info
 
     info = cpu_info()
     return {

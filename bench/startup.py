@@ -26,7 +26,7 @@ TRANSFORMERS_FIRST_TOKEN = """
 import time, torch
 started = time.monotonic()
 from transformers import AutoModelForCausalLM
-from engines.model_source import resolve_model
+from engines.model.source import resolve_model
 path = resolve_model("smollm2-135m-instruct").path
 model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 with torch.inference_mode():

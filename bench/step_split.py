@@ -5,7 +5,7 @@ Builds the served default engine (or `--quantization`/`--isa` as `dpgate engine`
 `LLMEngine.step()`: once bare, for the step's CPU time, and once with every dispatched operator
 timed by the thread's CPU clock (`OpClock`), sorted into matmuls (dpgate::linear, aten::mm and
 kin), attention (dpgate::attention, SDPA, index_copy_ into the cache) and everything else. The
-served default runs each decoder layer as one C++ call (engines/kernels/fused.py), whose kernels
+served default runs each decoder layer as one C++ call (engines/model/fused.py), whose kernels
 are no torch operators: its own phase clock (`torch.ops.dpgate.layer_clock`) splits them the same
 way. `--modules` runs the layers as torch modules instead, the split before the fusion.
 Python is the bare step's CPU time minus the operators': what the step spends outside any
@@ -53,22 +53,22 @@ def build_engine(batch: int, quantization: str, isa: str | None, max_new: int, f
     from machine import engine_numerics
 
     from engines.engine import LLMEngine
-    from engines.loader import load_for_serving
-    from engines.model_runner import ModelRunner
-    from engines.model_source import resolve_model
-    from engines.scheduler import SchedulerConfig
+    from engines.model.source import resolve_model
+    from engines.runner.loader import load_for_serving
+    from engines.runner.model_runner import ModelRunner
+    from engines.scheduling.scheduler import SchedulerConfig
 
     numerics = engine_numerics(True, isa, quantization=quantization)
     loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), numerics)
     max_len = PROMPT_TOKENS + max_new + 8
     if not fused:
-        from engines.kernels.fused import unfuse_decoder_layers
+        from engines.model.fused import unfuse_decoder_layers
 
         unfuse_decoder_layers(loaded.model)
     runner = ModelRunner(loaded, max_len, num_blocks=batch * max_len // 16 + 16, block_size=16)
     runner.warm_up(batch, 512)
     engine = LLMEngine(runner, SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=512))
-    from engines.model_startup import freeze_startup_heap
+    from engines.serving.startup import freeze_startup_heap
 
     freeze_startup_heap()  # as the engine server does once started
     return engine, loaded
@@ -76,7 +76,7 @@ def build_engine(batch: int, quantization: str, isa: str | None, max_new: int, f
 
 def add_requests(engine, loaded, batch: int, max_new: int) -> None:
     from dpgate.v1 import generate_pb2 as pb
-    from engines.request_builder import ModelLimits, build_sequence
+    from engines.serving.request_builder import ModelLimits, build_sequence
 
     limits = ModelLimits("m", loaded.config.vocab_size, PROMPT_TOKENS + max_new + 8, loaded.tokenizer.eos_token_ids)
     rng = random.Random(0)
@@ -153,7 +153,7 @@ def measure(batch: int, steps: int, quantization: str, isa: str | None, fused: b
     split = dict.fromkeys(("matmul", "attention", "other ops"), 0.0)
     for name, seconds in top.items():
         split[category(name)] += seconds
-    # Inside fused decoder layers (engines/kernels/fused.py) the kernels are not torch operators:
+    # Inside fused decoder layers (engines/model/fused.py) the kernels are not torch operators:
     # the layer's own clock splits them, and its whole time is no Python's.
     split["matmul"] += matmul
     split["attention"] += attention

@@ -79,9 +79,9 @@ def load_dpgate(kernels: str, isa: str | None, output_tokens: int):
     Returns (loaded model, runner sized and warmed for CONCURRENCY in flight, numerics)."""
     from machine import engine_numerics
 
-    from engines.loader import load_for_serving
-    from engines.model_runner import ModelRunner
-    from engines.model_source import resolve_model
+    from engines.model.source import resolve_model
+    from engines.runner.loader import load_for_serving
+    from engines.runner.model_runner import ModelRunner
 
     served = engine_numerics(True, isa)
     numerics = {
@@ -102,8 +102,8 @@ def run_dpgate(
     """Serve `num_requests` with at most `concurrency` in flight on a fresh engine over `runner`."""
     from dpgate.v1 import generate_pb2 as pb
     from engines.engine import LLMEngine
-    from engines.request_builder import ModelLimits, build_sequence
-    from engines.scheduler import SchedulerConfig
+    from engines.scheduling.scheduler import SchedulerConfig
+    from engines.serving.request_builder import ModelLimits, build_sequence
 
     engine = LLMEngine(runner, SchedulerConfig(max_num_seqs=concurrency, max_num_batched_tokens=512))
     max_len = PROMPT_TOKENS + output_tokens
@@ -164,7 +164,7 @@ def load_transformers(isa: str | None):
     from machine import transformers_dtype
     from transformers import AutoModelForCausalLM
 
-    from engines.model_source import resolve_model
+    from engines.model.source import resolve_model
 
     path = resolve_model("smollm2-135m-instruct").path
     dtype = transformers_dtype(isa)

@@ -12,14 +12,14 @@ from dataclasses import dataclass
 
 from dpgate.host import usable_cores
 from dpgate.logs import LOG_FORMATS, add_log_format_argument
-from engines.model_source import DEFAULT_MODEL
-from engines.numerics import AUTO_DTYPE
+from engines.model.numerics import AUTO_DTYPE
+from engines.model.source import DEFAULT_MODEL
 from engines.parallel.plan import ParallelConfigError, ParallelPlan
-from engines.scheduler import SchedulerConfig
+from engines.scheduling.scheduler import SchedulerConfig
 
 # Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
 DTYPES = (AUTO_DTYPE, "bfloat16", "float16", "float32")
-QUANTIZATIONS = ("none", "int8", "gguf")  # see engines/quantization.py and engines/kernels/gguf_blocks.py
+QUANTIZATIONS = ("none", "int8", "gguf")  # see engines/model/quantization.py and engines/kernels/gguf_blocks.py
 DEFAULT_PORT = 50051
 # A StatefulSet pod's hostname is `<statefulset name>-<ordinal>`; the ordinal is the DP rank.
 _HOSTNAME_ORDINAL = re.compile(r"-(0|[1-9][0-9]*)$")

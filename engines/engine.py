@@ -11,12 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.block_manager import BlockManager
 from engines.grammar.bitmask import FilledMasks, MaskBuffers, MaskedRows, apply_masks, fill_masks
-from engines.model_runner import ChunkInput, ModelRunner
-from engines.sampler import SampledToken, greedy_tokens, is_plain_greedy, sample
-from engines.scheduler import Scheduler, SchedulerConfig
-from engines.sequence import Sequence, StepOutput
+from engines.kv.block_manager import BlockManager
+from engines.runner.model_runner import ChunkInput, ModelRunner
+from engines.sampling.sampler import SampledToken, greedy_tokens, is_plain_greedy, sample
+from engines.scheduling.scheduler import Scheduler, SchedulerConfig
+from engines.scheduling.sequence import Sequence, StepOutput
 
 
 @dataclass(slots=True)

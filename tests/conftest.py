@@ -17,7 +17,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """The default model's tokenizer, built by transformers from the packaged GGUF."""
-    from engines.model_source import resolve_model
-    from engines.tokenizer import load_tokenizer
+    from engines.model.source import resolve_model
+    from engines.model.tokenizer import load_tokenizer
 
     return load_tokenizer(resolve_model("smollm2-135m-instruct")).tokenizer

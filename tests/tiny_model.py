@@ -27,7 +27,7 @@ def make_tiny_llama_dir(path: str | Path, seed: int = 0, **overrides) -> Path:
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from engines.model_source import resolve_model
+    from engines.model.source import resolve_model
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

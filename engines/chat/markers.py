@@ -50,7 +50,7 @@ class ChatParsing:
     parse_tools: bool = True
 
 
-# architecture (GGUF general.architecture, or config.json's model_type as engines/model_config.py names it)
+# architecture (GGUF general.architecture, or config.json's model_type as engines/model/config.py names it)
 # -> (reasoning parser, tool-call parser). Parsing markers a model never writes costs nothing and
 # catches fine-tunes that do, so both served families parse both.
 PARSERS_BY_ARCHITECTURE: dict[str, tuple[str, str]] = {

@@ -23,7 +23,7 @@ from typing import Any
 
 from engines.chat.markers import ChatMarkers
 from engines.chat.thinking import resolve_thinking
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
 NO_TEMPLATE_MESSAGE = "the model has no chat template; pass one with --chat-template FILE"

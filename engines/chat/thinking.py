@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
 
 THINKING_KEYS = ("thinking", "enable_thinking")
 REASONING_EFFORT_KEY = "reasoning_effort"

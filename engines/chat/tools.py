@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engines.grammar.spec import MAX_GRAMMAR_BYTES
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
 
 MAX_TOOLS = 128
 MAX_NAME_CHARS = 64

@@ -21,7 +21,7 @@ import torch
 
 if TYPE_CHECKING:
     from engines.grammar.matcher import GrammarConflictError
-    from engines.sequence import Sequence
+    from engines.scheduling.sequence import Sequence
 
 
 @dataclass(slots=True)

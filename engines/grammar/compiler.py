@@ -22,7 +22,7 @@ from typing import Any
 from engines.grammar.cache import BoundedCache
 from engines.grammar.spec import GrammarKind, GrammarSpec
 from engines.grammar.vocab import encoded_vocabulary, grammar_vocabulary, vocabulary_fingerprint
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
 
 MAX_CACHED_GRAMMARS = 256
 MAX_CACHED_BYTES = 256 * 2**20  # xgrammar's own measure; a typical schema is 50-150 KB on a 49k vocabulary

@@ -19,7 +19,7 @@ import torch
 import xgrammar as xgr
 
 from engines.grammar.bitmask import clear_bits
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
 
 
 class GrammarConflictError(InvalidRequestError):

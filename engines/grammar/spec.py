@@ -11,7 +11,7 @@ import enum
 import json
 from dataclasses import dataclass
 
-from engines.sampling_params import InvalidRequestError, require
+from engines.sampling.params import InvalidRequestError, require
 
 # A JSON schema of 26 KB with nested string patterns took xgrammar 8 s to compile on a 2-core
 # AVX2 machine; the bound keeps a single request from occupying a compile thread for minutes.

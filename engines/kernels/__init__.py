@@ -9,7 +9,7 @@ the thread split or the vector width can change its bits.
 Every function takes `isa`, the instruction set to run: "scalar" (the reference, any CPU),
 "avx2" or "avx512" (the matrix multiply and attention's value sums on sixteen lanes; the rest on
 AVX2's eight, attention's scores with AVX-512's 32 registers). All give the same bits. Which
-one the engine uses is decided once, in engines/numerics.py.
+one the engine uses is decided once, in engines/model/numerics.py.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def linear(x: torch.Tensor, weight: PackedWeight | QuantizedWeight, isa: str) ->
 def linear_weights(parts: list[PackedWeight | QuantizedWeight]) -> torch.ScriptObject:
     """One linear layer's row parts as a torch.classes.dpgate.LinearWeights: `.forward(x, isa)`
     runs them into one output (each part its own columns, no concatenation), and the fused
-    decoder layer (engines/kernels/fused.py) runs them from C++."""
+    decoder layer (engines/model/fused.py) runs them from C++."""
     _ops()
     weights = torch.classes.dpgate.LinearWeights(parts[0].in_features)
     for part in parts:

@@ -28,7 +28,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engines.cache_dir import dpgate_cache_dir
+from dpgate.cache_dir import dpgate_cache_dir
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
 LIBRARY_NAME = "libdpgate_kernels.so"

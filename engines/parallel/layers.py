@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engines.model_config import ModelConfig
+from engines.model.config import ModelConfig
 from engines.parallel.comm import TensorParallelGroup
 from engines.parallel.plan import ParallelPlan
 

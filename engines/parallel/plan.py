@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from engines.model_config import ModelConfig
+from engines.model.config import ModelConfig
 
 
 class ParallelConfigError(ValueError):

@@ -13,8 +13,8 @@ from typing import TypeVar
 
 import torch
 
-from engines.attention import DcpStep
-from engines.model_config import ModelConfig
+from engines.kv.attention import DcpStep
+from engines.model.config import ModelConfig
 from engines.parallel.comm import TensorParallelGroup
 from engines.parallel.dcp_exchange import DcpExchange, exchange_specs
 from engines.parallel.plan import ParallelPlan

@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from engines.model_config import ModelConfig
+from engines.model.config import ModelConfig
 from engines.parallel.plan import ParallelPlan
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")

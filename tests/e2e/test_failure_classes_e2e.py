@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dpgate.e2e.contracts import FailureClass
 from dpgate.e2e.verdict import EXIT_CODES
-from engines.model_source import resolve_model
+from engines.model.source import resolve_model
 from tests.e2e.support import E2ERun, process_gone, run_e2e
 
 

@@ -12,7 +12,7 @@ from dpgate.e2e.contracts import FailureClass, Topology
 from dpgate.e2e.local_hosts import LocalHosts
 from dpgate.e2e.plan import Budgets, RunSettings, make_plan
 from dpgate.e2e.stages import StageFailure
-from engines.model_source import resolve_model
+from engines.model.source import resolve_model
 
 
 def plan(tmp_path: Path, **fields):

@@ -9,13 +9,13 @@ import sys
 
 from dpgate.v1 import generate_pb2 as pb
 from engines import kernels
-from engines.cpu import cpu_info
 from engines.engine import LLMEngine
-from engines.loader import load_for_serving
-from engines.model_runner import ModelRunner
-from engines.model_source import resolve_model
-from engines.numerics import KERNEL_ISAS, choose_numerics
-from engines.request_builder import ModelLimits, build_sequence
+from engines.kernels.cpu import cpu_info
+from engines.model.numerics import KERNEL_ISAS, choose_numerics
+from engines.model.source import resolve_model
+from engines.runner.loader import load_for_serving
+from engines.runner.model_runner import ModelRunner
+from engines.serving.request_builder import ModelLimits, build_sequence
 
 PROMPTS = ["The history of the printing press begins", "def quicksort(items):", "Le chat est assis sur"]
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from engines import kernels
-from engines.cpu import cpu_info
-from engines.loader import LoadedModel, apply_numerics, load
-from engines.model_source import ModelSource
-from engines.numerics import choose_numerics
+from engines.kernels.cpu import cpu_info
+from engines.model.numerics import choose_numerics
+from engines.model.source import ModelSource
+from engines.runner.loader import LoadedModel, apply_numerics, load
 
 
 def load_with_kernels(source: ModelSource, kernel_family: str, dtype: str = "float32", quantization: str = "none"):

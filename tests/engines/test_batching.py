@@ -12,11 +12,11 @@ import torch
 
 from dpgate.v1 import generate_pb2 as pb
 from engines.engine import LLMEngine
-from engines.loader import load
-from engines.model_runner import ModelRunner
-from engines.model_source import resolve_model
-from engines.request_builder import ModelLimits, build_sequence
-from engines.scheduler import SchedulerConfig
+from engines.model.source import resolve_model
+from engines.runner.loader import load
+from engines.runner.model_runner import ModelRunner
+from engines.scheduling.scheduler import SchedulerConfig
+from engines.serving.request_builder import ModelLimits, build_sequence
 from tests.engines.kernel_choice import load_with_kernels
 
 

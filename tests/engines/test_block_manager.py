@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engines.block_manager import BlockManager, blocks_needed
+from engines.kv.block_manager import BlockManager, blocks_needed
 
 
 def test_blocks_needed_rounds_up():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engines.detokenizer import IncrementalDetokenizer
+from engines.scheduling.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Hello, world! The quick brown fox.",

@@ -1,4 +1,4 @@
-"""The fused decoder layer (engines/kernels/fused.py) gives the module path's bits: the same
+"""The fused decoder layer (engines/model/fused.py) gives the module path's bits: the same
 logits, compared with torch.equal, for both packaged models, on every instruction set, in
 prefill chunks, decodes and mixed steps, on int8 and on the GGUF's own blocks."""
 
@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from engines import kernels
-from engines.cpu import cpu_info
-from engines.kernels.fused import fuse_decoder_layers, unfuse_decoder_layers
-from engines.loader import load_for_serving
-from engines.model_runner import ChunkInput, ModelRunner
-from engines.model_source import resolve_model
-from engines.numerics import KERNEL_ISAS, choose_numerics
+from engines.kernels.cpu import cpu_info
+from engines.model.fused import fuse_decoder_layers, unfuse_decoder_layers
+from engines.model.numerics import KERNEL_ISAS, choose_numerics
+from engines.model.source import resolve_model
+from engines.runner.loader import load_for_serving
+from engines.runner.model_runner import ChunkInput, ModelRunner
 
 FASTEST = kernels.supported_isas()[-1]
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from dpgate.cache_dir import dpgate_cache_dir
 from dpgate.v1 import generate_pb2
-from engines.cache_dir import dpgate_cache_dir
 from engines.engine import LLMEngine
-from engines.loader import load
-from engines.model_runner import ModelRunner
-from engines.model_source import resolve_model
-from engines.request_builder import ModelLimits, build_sequence
+from engines.model.source import resolve_model
+from engines.runner.loader import load
+from engines.runner.model_runner import ModelRunner
+from engines.serving.request_builder import ModelLimits, build_sequence
 from tests.engines.kernel_choice import load_with_kernels
 
 PROMPTS = [

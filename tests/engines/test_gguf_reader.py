@@ -7,8 +7,8 @@ import pytest
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from engines.gguf_reader import GGUFFile, GGUFFormatError
-from engines.model_source import resolve_model
+from engines.model.gguf_reader import GGUFFile, GGUFFormatError
+from engines.model.source import resolve_model
 from tests.support.gguf_files import ONE_TENSOR, cut_short, write_one_tensor_gguf
 
 

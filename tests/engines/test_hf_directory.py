@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from engines.loader import load
-from engines.model_runner import ModelRunner
-from engines.model_source import SourceKind, resolve_model
+from engines.model.source import SourceKind, resolve_model
+from engines.runner.loader import load
+from engines.runner.model_runner import ModelRunner
 
 
 def test_hf_directory_matches_transformers_logits_and_greedy_tokens(tiny_model_dir):

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from engines import kernels
-from engines.cpu import cpu_info
-from engines.numerics import choose_numerics
-from engines.quantization import quantize_rows_int8
+from engines.kernels.cpu import cpu_info
+from engines.model.numerics import choose_numerics
+from engines.model.quantization import quantize_rows_int8
 
 ISAS = kernels.supported_isas()
 FAST_ISAS = [isa for isa in ISAS if isa != "scalar"] or ["scalar"]

@@ -13,9 +13,9 @@ import torch
 
 from dpgate.v1 import generate_pb2
 from engines.engine import LLMEngine
-from engines.model_runner import ModelRunner
-from engines.model_source import resolve_model
-from engines.request_builder import ModelLimits, build_sequence
+from engines.model.source import resolve_model
+from engines.runner.model_runner import ModelRunner
+from engines.serving.request_builder import ModelLimits, build_sequence
 from tests.engines.kernel_choice import load_with_kernels
 
 PROMPTS = [

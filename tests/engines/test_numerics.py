@@ -1,12 +1,12 @@
-"""The served numerics are chosen by the CPU in one place (engines/numerics.py): a pure function
+"""The served numerics are chosen by the CPU in one place (engines/model/numerics.py): a pure function
 of the flags and the CPU's features, checked here for each kind of machine without needing one."""
 
 from __future__ import annotations
 
 import pytest
 
-from engines.cpu import CpuInfo, parse_cpuinfo
-from engines.numerics import NumericsError, choose_numerics
+from engines.kernels.cpu import CpuInfo, parse_cpuinfo
+from engines.model.numerics import NumericsError, choose_numerics
 
 ZEN3 = CpuInfo("AMD EPYC 7B13", frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"}))
 ZEN4 = CpuInfo("AMD EPYC 9B14", frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512_bf16"}))

@@ -9,7 +9,7 @@ import pytest
 from dpgate.v1 import control_pb2 as cpb
 from dpgate.v1 import control_pb2_grpc, generate_pb2_grpc
 from dpgate.v1 import generate_pb2 as pb
-from engines.cpu import cpu_info
+from engines.kernels.cpu import cpu_info
 from tests.support.processes import free_port, running
 
 

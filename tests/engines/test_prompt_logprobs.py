@@ -16,13 +16,13 @@ import torch
 
 from dpgate.v1 import generate_pb2 as pb
 from engines.engine import LLMEngine
-from engines.loader import load
-from engines.model_runner import ModelRunner
-from engines.model_source import resolve_model
-from engines.prompt_logprobs import PromptScoring, rows_per_block, score_blocks, score_prompt_rows
-from engines.request_builder import ModelLimits, build_sequence
-from engines.sampling_params import InvalidRequestError
-from engines.scheduler import SchedulerConfig
+from engines.model.source import resolve_model
+from engines.runner.loader import load
+from engines.runner.model_runner import ModelRunner
+from engines.sampling.params import InvalidRequestError
+from engines.sampling.prompt_logprobs import PromptScoring, rows_per_block, score_blocks, score_prompt_rows
+from engines.scheduling.scheduler import SchedulerConfig
+from engines.serving.request_builder import ModelLimits, build_sequence
 from tests.engines.kernel_choice import on_kernels
 
 TOLERANCE = 1e-5

@@ -21,8 +21,8 @@ from torch import nn
 
 from engines import kernels
 from engines.kernels.gguf_blocks import SUPPORTED, decode
-from engines.kernels.layers import KernelLinear
-from engines.weights import merge_alike
+from engines.model.kernel_layers import KernelLinear
+from engines.model.weights import merge_alike
 
 ISAS = kernels.supported_isas()
 FP16_FIELDS = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}  # byte offsets of the fp16 super-block scales

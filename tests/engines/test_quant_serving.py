@@ -18,15 +18,15 @@ import pytest
 import torch
 
 from engines.config import ConfigError, EngineConfig, add_engine_arguments
-from engines.gguf_reader import GGUFFile
-from engines.kernels.layers import KernelLinear
-from engines.loader import RankShard, shipped_weights
-from engines.model_config import config_from_gguf
-from engines.model_runner import ChunkInput, ModelRunner
-from engines.model_source import ModelSource, SourceKind, resolve_model
-from engines.numerics import Numerics
+from engines.model.config import config_from_gguf
+from engines.model.gguf_reader import GGUFFile
+from engines.model.kernel_layers import KernelLinear
+from engines.model.numerics import Numerics
+from engines.model.source import ModelSource, SourceKind, resolve_model
+from engines.model.weights import gguf_quantized_weights
 from engines.parallel.plan import ParallelPlan
-from engines.weights import gguf_quantized_weights
+from engines.runner.loader import RankShard, shipped_weights
+from engines.runner.model_runner import ChunkInput, ModelRunner
 from tests.engines.kernel_choice import load_with_kernels
 
 PROMPT = [1, 504, 3458, 282, 4195, 314, 260, 1345, 28, 7, 9, 21]
@@ -82,7 +82,7 @@ GGUF_NUMERICS = Numerics("float32", "gguf", True, "scalar", "test")
 )
 def test_where_blocks_cannot_be_served_the_log_says_why_and_int8_serves(smollm2, caplog, numerics, shard, kind, reason):
     source = ModelSource(kind, smollm2.path, "m")
-    with caplog.at_level(logging.WARNING, logger="engines.loader"):
+    with caplog.at_level(logging.WARNING, logger="engines.runner.loader"):
         assert shipped_weights(source, numerics, shard) is None
     assert reason in caplog.text and "int8" in caplog.text
 

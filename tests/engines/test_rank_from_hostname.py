@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from engines import config as engine_config
-from engines import engine_command
 from engines.config import ConfigError, EngineConfig, add_engine_arguments, rank_from_hostname
+from engines.serving import engine_command
 
 
 def parse(*flags: str) -> argparse.Namespace:

@@ -6,8 +6,8 @@ import pytest
 
 from dpgate.v1 import generate_pb2 as pb
 from engines.grammar.spec import GrammarKind, GrammarSpec
-from engines.request_builder import ModelLimits, UnknownModelError, build_sequence
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
+from engines.serving.request_builder import ModelLimits, UnknownModelError, build_sequence
 
 LIMITS = ModelLimits("smollm2-135m-instruct", vocab_size=49152, max_model_len=64, eos_token_ids=frozenset({2}))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines.models.llama import RotaryEmbedding
+from engines.model.llama import RotaryEmbedding
 
 
 def test_a_positions_tables_do_not_depend_on_which_step_needed_them_first():
@@ -37,7 +37,7 @@ def test_tables_match_the_closed_form_and_refuse_positions_beyond_the_table():
 def test_the_rotation_has_the_reference_formulas_bits_for_q_and_k_together(dtype):
     """apply_rotary folds rotate-half's sign into the sin table and rotates q's and k's heads in
     one call: the bits must be the reference x * cos + rotate_half(x) * sin, head by head."""
-    from engines.models.llama import apply_rotary
+    from engines.model.llama import apply_rotary
 
     rotary = RotaryEmbedding(64, 4096, 10000.0)
     positions = torch.tensor([0, 5, 17, 1023, 1024, 4000])

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from engines.sampler import filter_logits, first_argmax, greedy_tokens, is_plain_greedy, sample
-from engines.sampling_params import InvalidRequestError, SamplingParams
+from engines.sampling.params import InvalidRequestError, SamplingParams
+from engines.sampling.sampler import filter_logits, first_argmax, greedy_tokens, is_plain_greedy, sample
 
 VOCAB = 8
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engines.block_manager import BlockManager
-from engines.sampling_params import StoppingParams
-from engines.scheduler import QueueFullError, RequestTooLargeError, Scheduler, SchedulerConfig
+from engines.kv.block_manager import BlockManager
+from engines.sampling.params import StoppingParams
+from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError, Scheduler, SchedulerConfig
 
 
 @dataclass(eq=False)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from engines.sampler import SampledToken
-from engines.sampling_params import SamplingParams, StoppingParams
-from engines.sequence import FinishReason, Sequence
+from engines.sampling.params import SamplingParams, StoppingParams
+from engines.sampling.sampler import SampledToken
+from engines.scheduling.sequence import FinishReason, Sequence
 
 EOS = 2
 

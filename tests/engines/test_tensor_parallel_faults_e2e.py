@@ -39,7 +39,7 @@ def children_of(pid: int) -> list[int]:
 
 def worker_of(pid: int) -> int:
     """The engine's one TP worker among its children (it may have others, e.g. a compile pool)."""
-    [worker] = [c for c in children_of(pid) if b"engines.parallel.worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    [worker] = [c for c in children_of(pid) if b"engines.runner.worker" in Path(f"/proc/{c}/cmdline").read_bytes()]
     return worker
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engines.loader import load
-from engines.model_runner import ModelRunner
-from engines.model_source import resolve_model
-from engines.models.llama import RotaryEmbedding
+from engines.model.llama import RotaryEmbedding
+from engines.model.source import resolve_model
+from engines.runner.loader import load
+from engines.runner.model_runner import ModelRunner
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from gateway import gateway_command, serve_command
+from dpgate.cli import serve as serve_command
+from gateway import gateway_command
 from gateway.config import ConfigError, GatewayConfig, validate_config
 from tests.gateway.processes import PYTHON, ROOT
 

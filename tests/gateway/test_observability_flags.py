@@ -6,9 +6,10 @@ import argparse
 
 import pytest
 
+from dpgate.cli import serve as serve_command
 from engines.config import ConfigError as EngineConfigError
 from engines.config import EngineConfig, add_engine_arguments
-from gateway import gateway_command, serve_command
+from gateway import gateway_command
 from gateway.config import ConfigError as GatewayConfigError
 from gateway.config import GatewayConfig, validate_config
 

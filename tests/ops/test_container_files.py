@@ -19,7 +19,7 @@ import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dpgate.cli import SUBCOMMANDS
-from gateway import health_command
+from dpgate.cli import health as health_command
 from tests.gateway.processes import free_port
 from tests.ops.container_files import (
     ROOT,
@@ -65,7 +65,7 @@ def test_health_checks_run_dpgate_health_with_valid_flags(name: str) -> None:
     program, subcommand, *flags = words
     assert program == SPEC.entrypoint[0] == "dpgate"
     assert console_script(program) == ("dpgate.cli", "main")
-    assert SUBCOMMANDS[subcommand][0] == "gateway.health_command"
+    assert SUBCOMMANDS[subcommand][0] == "dpgate.cli.health"
     flags = [flag.replace("${DPGATE_HEALTH_PORT}", "50051") for flag in flags]
     _health_parser().parse_args(flags)  # raises on a flag `dpgate health` does not have
 

@@ -44,8 +44,8 @@ def run(
 ) -> GateResult:
     """Score the text on the target and on the reference and compare. Raises TimeoutError when
     target.deadline passes, grpc.RpcError when a call fails (the runner names the class)."""
-    from engines.model_source import resolve_model
-    from engines.tokenizer import load_tokenizer
+    from engines.model.source import resolve_model
+    from engines.model.tokenizer import load_tokenizer
 
     started = time.monotonic()
     source = resolve_model(target.topology.model)

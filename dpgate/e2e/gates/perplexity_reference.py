@@ -17,9 +17,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpgate.cache_dir import dpgate_cache_dir
 from dpgate.e2e.gates.perplexity_math import Window
-from engines.cache_dir import dpgate_cache_dir
-from engines.model_source import ModelSource, SourceKind
+from engines.model.source import ModelSource, SourceKind
 
 LOGIT_ROWS = 128  # rows of logits reduced at once: 128 x 262k float64 is 256 MB at most
 

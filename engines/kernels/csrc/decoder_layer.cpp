@@ -3,7 +3,7 @@
 // Why: at a decode step the layer's matmuls are small, and the ~27 torch operators a layer runs
 // in Python cost about as much as they do (argument parsing, dispatch, a tensor per result).
 // Here the same kernels run in the same order on the same float32 values, so the result has the
-// bits of engines/models/llama.py's (and gemma3.py's) forward over the kernel modules:
+// bits of engines/model/llama.py's (and gemma3.py's) forward over the kernel modules:
 //   x = norm_in(h); qkv = x @ Wqkv; q, k = rotary(qk_norm(q, k)); cache[slots] = k, v
 //   a = attention(q); o = post_attention_norm?(a @ Wo); h = h + o
 //   x = norm_mlp(h); m = act(x @ Wgate) * (x @ Wup); d = post_mlp_norm?(m @ Wdown); h = h + d

@@ -9,10 +9,10 @@ import pytest
 
 from dpgate.v1 import generate_pb2 as pb
 from engines.chat.markers import ChatParsing
-from engines.chat.request import ToolCallsOffError, build_chat
 from engines.chat.template import ChatTemplate
-from engines.request_builder import ModelLimits, UnknownModelError
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
+from engines.serving.chat_request import ToolCallsOffError, build_chat
+from engines.serving.request_builder import ModelLimits, UnknownModelError
 
 LIMITS = ModelLimits("smollm2", 49152, 2048, frozenset({2}))
 PARSING = ChatParsing()

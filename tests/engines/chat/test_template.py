@@ -19,7 +19,7 @@ from engines.chat.template import (
     read_template_file,
 )
 from engines.config import ConfigError, EngineConfig
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
 from tests.tiny_model import make_tiny_llama_dir
 
 MARKERS = ChatMarkers()

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from engines.chat.thinking import ThinkingKwargError, resolve_thinking
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
 
 ABSENT = object()
 SWITCH_VALUES = (ABSENT, True, False, None)

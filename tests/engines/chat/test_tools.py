@@ -9,7 +9,7 @@ import pytest
 from dpgate.v1 import generate_pb2 as pb
 from engines.chat.tools import MAX_TOOLS, InvalidToolError, ToolSpec, parse_tools
 from engines.grammar.spec import MAX_GRAMMAR_BYTES
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
 
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 

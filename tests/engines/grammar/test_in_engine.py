@@ -15,16 +15,16 @@ import jsonschema
 import pytest
 
 from dpgate.v1 import generate_pb2 as pb
-from engines.async_engine import AsyncEngine
 from engines.engine import LLMEngine
 from engines.grammar.compiler import GrammarCompiler, InvalidGrammarError, XgrammarBackend
 from engines.grammar.matcher import GrammarConflictError, RequestGrammar
 from engines.grammar.vocab import encoded_vocabulary
-from engines.model_runner import ModelRunner
-from engines.model_source import resolve_model
-from engines.request_builder import ModelLimits, build_sequence
-from engines.scheduler import SchedulerConfig
-from engines.sequence import FinishReason
+from engines.model.source import resolve_model
+from engines.runner.model_runner import ModelRunner
+from engines.scheduling.scheduler import SchedulerConfig
+from engines.scheduling.sequence import FinishReason
+from engines.serving.async_engine import AsyncEngine
+from engines.serving.request_builder import ModelLimits, build_sequence
 from tests.engines.kernel_choice import load_with_kernels
 
 MAX_MODEL_LEN = 1024

@@ -52,8 +52,8 @@ from engines.grammar.bitmask import MaskBuffers, mask_constrained_rows
 from engines.grammar.compiler import GrammarCompiler
 from engines.grammar.matcher import RequestGrammar
 from engines.grammar.spec import choice_spec, ebnf_spec, json_object_spec, json_schema_spec, regex_spec
-from engines.model_source import resolve_model
-from engines.tokenizer import load_tokenizer
+from engines.model.source import resolve_model
+from engines.model.tokenizer import load_tokenizer
 
 tokenizer = load_tokenizer(resolve_model("smollm2-135m-instruct")).tokenizer
 a, b = tokenizer.convert_tokens_to_ids("a"), tokenizer.convert_tokens_to_ids("b")

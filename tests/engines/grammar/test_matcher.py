@@ -12,9 +12,9 @@ from engines.grammar.bitmask import MaskBuffers, clear_bits, clear_bits_of_rows,
 from engines.grammar.matcher import RequestGrammar, allowed_token_ids
 from engines.grammar.spec import json_schema_spec, regex_spec
 from engines.grammar.vocab import special_token_ids
-from engines.request_builder import ModelLimits, build_sequence
-from engines.sampler import SampledToken
-from engines.sequence import FinishReason
+from engines.sampling.sampler import SampledToken
+from engines.scheduling.sequence import FinishReason
+from engines.serving.request_builder import ModelLimits, build_sequence
 from tests.engines.grammar.conftest import SMOLLM2_EOS, SMOLLM2_VOCAB_SIZE
 
 LIMITS = ModelLimits("m", SMOLLM2_VOCAB_SIZE, 2048, frozenset({SMOLLM2_EOS}))

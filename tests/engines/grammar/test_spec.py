@@ -12,7 +12,7 @@ from engines.grammar.spec import (
     ebnf_literal,
     json_schema_spec,
 )
-from engines.sampling_params import InvalidRequestError
+from engines.sampling.params import InvalidRequestError
 
 
 def test_a_schema_is_kept_as_the_client_wrote_it_because_key_order_is_output_order():

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.model_source import DEFAULT_MODEL
-from gateway.client import DpgateClient, DpgateError, TlsOptions
+from dpgate.client.clients import DpgateClient, DpgateError, TlsOptions
+from engines.model.source import DEFAULT_MODEL
 from tests.gateway.processes import (
     FAST_HEALTH,
     EngineProcess,

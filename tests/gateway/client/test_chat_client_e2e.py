@@ -15,7 +15,7 @@ import time
 import jsonschema
 import pytest
 
-from gateway.client import (
+from dpgate.client.clients import (
     AsyncDpgateClient,
     ChatTool,
     ContentDelta,

@@ -17,8 +17,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from gateway.chat_view import REASONING_PREFIX
-from gateway.client import DpgateClient, GenerationOptions
+from dpgate.cli.chat_view import REASONING_PREFIX
+from dpgate.client.clients import DpgateClient, GenerationOptions
 from tests.gateway.processes import PYTHON, ROOT, EngineProcess
 from tests.tiny_model import make_tiny_llama_dir
 

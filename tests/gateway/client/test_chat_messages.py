@@ -8,10 +8,10 @@ import re
 import pytest
 from google.protobuf import struct_pb2
 
+from dpgate.cli.chat_conversation import Conversation
+from dpgate.client.chat_messages import ChatInput, ChatMessage, ChatTool, ToolCall
+from dpgate.client.options import GenerationOptions
 from dpgate.v1 import generate_pb2
-from gateway.chat_conversation import Conversation
-from gateway.chat_messages import ChatInput, ChatMessage, ChatTool, ToolCall
-from gateway.client_options import GenerationOptions
 
 PARIS = {"city": "Paris"}  # a dict of arguments is sent as its compact JSON text
 DESCRIPTION = "Current weather"

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from gateway.chat_view import CANCELLED_LINE
-from gateway.client import DpgateClient, GenerationOptions
+from dpgate.cli.chat_view import CANCELLED_LINE
+from dpgate.client.clients import DpgateClient, GenerationOptions
 from tests.gateway.client.test_chat_client_e2e import wait_nothing_running
 from tests.gateway.client.tmux_session import TMUX, TmuxSession
 

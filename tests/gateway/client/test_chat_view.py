@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import io
 
-from gateway.chat_messages import ToolCall
-from gateway.chat_results import ContentDelta, ReasoningDelta, ToolCallItem
-from gateway.chat_view import AnswerView, tool_call_text
-from gateway.client_results import Finish, FinishReason, Usage
+from dpgate.cli.chat_view import AnswerView, tool_call_text
+from dpgate.client.chat_messages import ToolCall
+from dpgate.client.chat_results import ContentDelta, ReasoningDelta, ToolCallItem
+from dpgate.client.results import Finish, FinishReason, Usage
 
 
 def render(items, styled: bool = False, finish: Finish | None = None) -> str:

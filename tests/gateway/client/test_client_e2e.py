@@ -1,4 +1,4 @@
-"""gateway.client over real sockets: streams, rank pins, deadlines, API keys, TLS and mutual TLS.
+"""dpgate.client.clients over real sockets: streams, rank pins, deadlines, API keys, TLS and mutual TLS.
 
 Each behaviour is checked for the blocking and the asyncio client alike, since they promise the
 same surface. Which rank served a call is read three independent ways: the gateway's trailing
@@ -13,7 +13,7 @@ import time
 import grpc
 import pytest
 
-from gateway.client import (
+from dpgate.client.clients import (
     AsyncDpgateClient,
     DpgateClient,
     DpgateError,

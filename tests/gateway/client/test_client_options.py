@@ -7,10 +7,10 @@ import re
 import grpc
 import pytest
 
+from dpgate.client.clients import AsyncDpgateClient, DpgateClient, FinishReason, GenerationOptions, TlsOptions
+from dpgate.client.options import call_metadata, serving_rank
+from dpgate.client.results import DpgateError, Finish, StreamState
 from dpgate.v1 import generate_pb2
-from gateway.client import AsyncDpgateClient, DpgateClient, FinishReason, GenerationOptions, TlsOptions
-from gateway.client_options import call_metadata, serving_rank
-from gateway.client_results import DpgateError, Finish, StreamState
 
 
 @pytest.mark.parametrize("rank", [-1, 2**32, True, "1", 1.0])

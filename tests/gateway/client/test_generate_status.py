@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from gateway.client_results import Finish, FinishReason, Usage
-from gateway.generate_status import CursorColumn, GenerationClock, TerminalStatus, shares_terminal
+from dpgate.cli.generate_status import CursorColumn, GenerationClock, TerminalStatus, shares_terminal
+from dpgate.client.results import Finish, FinishReason, Usage
 
 
 def test_the_clock_reports_ttft_and_the_decode_rate():

@@ -16,7 +16,7 @@ import subprocess
 import grpc
 import pytest
 
-from gateway.client import DpgateClient, GenerationOptions
+from dpgate.client.clients import DpgateClient, GenerationOptions
 from tests.gateway.client.tmux_session import TMUX, TmuxSession
 from tests.gateway.processes import PYTHON, ROOT, free_port, poll_until_serving
 

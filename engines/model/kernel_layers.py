@@ -1,0 +1,97 @@
+"""Put a loaded model on the batch-invariant kernels: its linear layers, norms and MLP activations.
+
+`use_invariant_kernels` swaps modules in place, the way quantization does: every bias-free
+nn.Linear (the tied lm_head included) becomes a `KernelLinear` over packed int8 (one scale per
+output row, symmetric max-abs / 127), unquantized weights, or (`--quantization gguf`) the GGUF's
+own quantized blocks (engines/kernels/gguf_blocks.py), every RMSNorm a `KernelRMSNorm`,
+and every gated MLP computes activation(gate) * up in one kernel. Attention goes through the
+kernel when the runner's AttentionMetadata names an instruction set (engines/kv/attention.py).
+The model's own code is unchanged: the layers keep their names and call signatures.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engines import kernels
+from engines.kernels.gguf_blocks import GroupQuantized
+from engines.model.gemma3 import GemmaRMSNorm
+from engines.model.llama import LlamaMLP, RMSNorm
+from engines.model.quantization import quantize_rows_int8
+
+
+class KernelLinear(nn.Module):
+    """y = x @ W.T through `kernels.linear`; W packed once: int8 with per-row scales, as loaded,
+    or as the GGUF's blocks (`shipped`: row parts in order, one per format; each output column
+    is computed from its own part alone, so splitting W by rows changes no bit)."""
+
+    def __init__(self, linear: nn.Linear, quantization: str, isa: str, shipped: list[GroupQuantized] | None = None):
+        super().__init__()
+        if linear.bias is not None:
+            raise ValueError("KernelLinear supports linear layers without bias only")
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        if shipped is not None:
+            if sum(p.shape[0] for p in shipped) != self.out_features or {p.shape[1] for p in shipped} != {
+                self.in_features
+            }:
+                raise ValueError(f"GGUF weights {[p.shape for p in shipped]} do not fit a {self.out_features}x"
+                                 f"{self.in_features} linear layer")  # fmt: skip
+            self.parts = [kernels.pack_quantized(p) for p in shipped]
+        elif quantization in ("int8", "gguf"):  # gguf without shipped blocks: the int8 fallback
+            self.parts = [kernels.pack_weight(*quantize_rows_int8(linear.weight))]
+        else:
+            weight = linear.weight.detach()
+            self.parts = [kernels.pack_weight(weight if weight.dtype == torch.bfloat16 else weight.float())]
+        self.storage = "gguf" if shipped is not None else ("none" if quantization == "none" else "int8")
+        self.isa = isa
+        self.weights = kernels.linear_weights(self.parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.parts) == 1:  # an operator call costs a few microseconds less than a class method's
+            return kernels.linear(x, self.parts[0], self.isa)
+        return self.weights.forward(x, self.isa)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, weights={self.storage}, "
+                f"isa={self.isa}")  # fmt: skip
+
+
+class KernelRMSNorm(nn.Module):
+    """RMSNorm through `kernels.rms_norm`, with the effective float32 scale (Gemma's 1 + w)."""
+
+    def __init__(self, norm: RMSNorm, isa: str):
+        super().__init__()
+        weight = norm.weight.detach().float()
+        if isinstance(norm, GemmaRMSNorm):
+            weight = 1.0 + weight
+        self.register_buffer("weight", weight.contiguous())
+        self.eps = norm.eps
+        self.isa = isa
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.rms_norm(x, self.weight, self.eps, self.isa)
+
+
+def use_invariant_kernels(
+    model: nn.Module,
+    quantization: str,
+    isa: str,
+    shipped: dict[str, list[GroupQuantized]] | None = None,
+    prefix: str = "",
+) -> nn.Module:
+    """Swap the model's linear layers, norms and MLP activations for the kernels', in place.
+    With quantization "gguf", `shipped` holds the GGUF's blocks by parameter name; a linear
+    layer missing from it is served on int8 (the loader logs why)."""
+    for name, child in list(model.named_children()):
+        path = prefix + name
+        if isinstance(child, nn.Linear) and child.bias is None:
+            blocks = (shipped or {}).get(path + ".weight") if quantization == "gguf" else None
+            setattr(model, name, KernelLinear(child, quantization, isa, blocks))
+        elif isinstance(child, RMSNorm):
+            setattr(model, name, KernelRMSNorm(child, isa))
+        else:
+            if isinstance(child, LlamaMLP):
+                child.use_kernel(isa)
+            use_invariant_kernels(child, quantization, isa, shipped, path + ".")
+    return model

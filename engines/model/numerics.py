@@ -1,0 +1,81 @@
+"""The one place that decides an engine's numerics: compute dtype, weight storage, kernels.
+
+The served default (`--dtype auto`, `--quantization int8`, `--batch-invariant`) is float32
+activations over int8 weights, computed by dpgate's batch-invariant kernels (engines/kernels)
+on the widest instruction set the CPU has. Those kernels accumulate in float32 FMAs on every CPU,
+so bfloat16 activations would add rounding without adding speed: auto picks float32.
+`--no-batch-invariant` swaps them for torch's kernels, whose speed does depend on the dtype:
+there auto picks bfloat16 only where the CPU computes it natively (AVX512-BF16 or AMX), since
+elsewhere torch emulates bfloat16 matmuls 4.5 to 6.5x slower than float32. An explicit `--dtype`
+always wins. docs/engine.md says what each choice costs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from engines.kernels.cpu import CpuInfo
+
+if TYPE_CHECKING:
+    import torch
+
+AUTO_DTYPE = "auto"
+# Instruction sets of the kernels, fastest first (engines/kernels/build.py builds each).
+KERNEL_ISAS = ("avx512", "avx2", "scalar")
+
+
+class NumericsError(ValueError):
+    """A combination the engine cannot serve; one sentence naming the flag."""
+
+
+@dataclass(frozen=True, slots=True)
+class Numerics:
+    dtype: str  # "float32", "bfloat16" or "float16": activations and the KV cache
+    quantization: str  # "int8" (weight-only, a scale per output row), "gguf" (the file's blocks) or "none"
+    batch_invariant: bool
+    isa: str | None  # the kernels' instruction set when batch_invariant, else None
+    reason: str  # why this dtype, in a few words, for the start-up log
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    @property
+    def kernels(self) -> str:
+        """What GetModelInfo reports: 'batch-invariant/avx2' or 'torch'."""
+        return f"batch-invariant/{self.isa}" if self.batch_invariant else "torch"
+
+    def describe(self) -> str:
+        return f"{self.dtype} activations, {self.quantization} weights, {self.kernels} kernels ({self.reason})"
+
+
+def choose_numerics(
+    dtype: str, quantization: str, batch_invariant: bool, cpu: CpuInfo, isas: tuple[str, ...] = ()
+) -> Numerics:
+    """Resolve the flags against the CPU. `isas` lists the kernel instruction sets this CPU runs
+    (engines.kernels.supported_isas()); it is only consulted when batch_invariant."""
+    if dtype == AUTO_DTYPE:
+        dtype, reason = _auto_dtype(batch_invariant, cpu)
+    else:
+        reason = f"--dtype {dtype}"
+        if dtype == "bfloat16" and not cpu.has_native_bf16:
+            reason += "; this CPU emulates bfloat16 arithmetic"
+    if not batch_invariant:
+        return Numerics(dtype, quantization, False, None, reason)
+    if dtype == "float16":
+        raise NumericsError("--dtype float16 is not supported by the batch-invariant kernels; use --no-batch-invariant")
+    isa = next((name for name in KERNEL_ISAS if name in isas), None)
+    if isa is None:
+        raise NumericsError("no batch-invariant kernel runs on this CPU; use --no-batch-invariant")
+    return Numerics(dtype, quantization, True, isa, reason)
+
+
+def _auto_dtype(batch_invariant: bool, cpu: CpuInfo) -> tuple[str, str]:
+    if batch_invariant:
+        return "float32", "auto: the batch-invariant kernels compute in float32 on every CPU"
+    if cpu.has_native_bf16:
+        return "bfloat16", "auto: torch kernels, and this CPU has native bfloat16"
+    return "float32", "auto: torch kernels, and this CPU has no native bfloat16"

@@ -1,1 +1,0 @@
-"""Model implementations written for dpgate's runner."""

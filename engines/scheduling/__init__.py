@@ -1,0 +1,1 @@
+"""The scheduling room: a torch-free `Sequence`, the scheduler that batches them, and detokenization."""

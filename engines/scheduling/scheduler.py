@@ -1,0 +1,143 @@
+"""Continuous batching: decides, each step, which sequences run and how many tokens each feeds.
+
+Order of a step, within a token budget: decodes of running sequences first (one token each),
+then the next chunk of running prefills, then new sequences from the waiting queue (their prompt
+possibly cut into chunks). When a running sequence needs a block and none is free, the newest
+running sequence is preempted by recompute: its blocks are freed and it waits at the front of
+the queue to prefill its prompt and output again. Pure bookkeeping: no torch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from engines.kv.block_manager import BlockManager, blocks_needed
+
+if TYPE_CHECKING:
+    from engines.scheduling.sequence import Sequence
+
+
+class QueueFullError(RuntimeError):
+    """The waiting queue is at its limit (RESOURCE_EXHAUSTED)."""
+
+
+class RequestTooLargeError(RuntimeError):
+    """The request could not fit the KV cache even alone (RESOURCE_EXHAUSTED)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledChunk:
+    """`num_tokens` of `seq`'s tokens, starting at `start`, are fed this step. `samples`: the chunk
+    reaches the sequence's last token, so the step yields its next token (decided when scheduled,
+    before the sequence grows)."""
+
+    seq: Sequence
+    start: int
+    num_tokens: int
+    samples: bool
+
+    @classmethod
+    def of(cls, seq: Sequence, num_tokens: int) -> ScheduledChunk:
+        start = seq.num_computed_tokens
+        return cls(seq, start, num_tokens, start + num_tokens == seq.num_tokens)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    num_preempted: int = 0
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        worst_case = blocks_needed(len(seq.prompt_ids) + seq.stopping.max_tokens, self.block_manager.block_size)
+        if worst_case > self.block_manager.num_blocks:
+            raise RequestTooLargeError(
+                f"the request needs up to {worst_case} KV-cache blocks (prompt plus max_tokens) but the cache "
+                f"has {self.block_manager.num_blocks}"
+            )
+        if len(self.waiting) >= self.config.max_waiting:
+            raise QueueFullError(f"the engine's waiting queue is full ({self.config.max_waiting} requests)")
+        self.waiting.append(seq)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        for queue in (self.running, self.waiting):
+            for seq in queue:
+                if seq.request_id == request_id:
+                    queue.remove(seq)
+                    self.block_manager.free(seq.block_table)
+                    return seq
+        return None
+
+    def finish(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq.block_table)
+
+    def schedule(self) -> SchedulerOutput:
+        output = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        decodes = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
+        prefills = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        for seq in decodes + prefills:
+            if budget == 0:
+                break
+            if seq not in self.running:  # preempted earlier in this step
+                continue
+            num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self._make_room(seq, num_tokens, output):
+                continue
+            output.chunks.append(ScheduledChunk.of(seq, num_tokens))
+            budget -= num_tokens
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            if output.num_preempted:
+                break  # blocks are short: let the running sequences drain first
+            seq = self.waiting[0]
+            num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            if not self.block_manager.can_grow(seq.block_table, seq.num_computed_tokens + num_tokens):
+                break
+            self.waiting.popleft()
+            self.running.append(seq)
+            self.block_manager.grow(seq.block_table, seq.num_computed_tokens + num_tokens)
+            output.chunks.append(ScheduledChunk.of(seq, num_tokens))
+            budget -= num_tokens
+        return output
+
+    def _make_room(self, seq: Sequence, num_tokens: int, output: SchedulerOutput) -> bool:
+        """Grow `seq`'s blocks for this chunk, preempting the newest running sequences as needed.
+        False when `seq` itself had to be preempted."""
+        needed = seq.num_computed_tokens + num_tokens
+        while not self.block_manager.can_grow(seq.block_table, needed):
+            victim = self.running[-1]
+            self._preempt(victim, output)
+            if victim is seq:
+                return False
+        self.block_manager.grow(seq.block_table, needed)
+        return True
+
+    def _preempt(self, seq: Sequence, output: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq.block_table)
+        seq.num_computed_tokens = 0
+        self.waiting.appendleft(seq)
+        output.num_preempted += 1
+        self.num_preemptions += 1

@@ -1,0 +1,191 @@
+"""A request's state inside the engine: tokens so far, text so far, and when it is done.
+
+The sequence owns stop handling because stopping must happen where tokens are produced: a stop
+token or string ends generation at once, and text that might be the start of a stop string is
+held back from the stream until it is known not to be one.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from engines.grammar.spec import GrammarSpec
+from engines.sampling.params import InvalidRequestError, SamplingParams, StoppingParams
+from engines.sampling.sampler import SampledToken
+from engines.scheduling.detokenizer import Decoder, IncrementalDetokenizer
+
+if TYPE_CHECKING:  # xgrammar is imported only where a grammar is used
+    from engines.grammar.matcher import RequestGrammar
+
+
+class FinishReason(enum.Enum):
+    LENGTH = "length"
+    STOP = "stop"
+    ABORTED = "aborted"
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step produced for one sequence, ready for the client."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    logprobs: list[SampledToken]
+    finish_reason: FinishReason | None = None
+    # On the output that carries the first generated token, when prompt logprobs were asked for:
+    # one per prompt token after the first.
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)
+    stop_token_id: int | None = None
+    stop_string: str | None = None
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    error: InvalidRequestError | None = None  # the request ended because its own rules conflict
+
+
+@dataclass(slots=True)
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    stopping: StoppingParams
+    stop_token_ids: frozenset[int]  # eos (unless ignore_eos) plus the request's stop_token_ids
+    decoder: Decoder
+    output_ids: list[int] = field(default_factory=list)
+    output_text: str = ""
+    num_emitted_chars: int = 0
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None
+    stop_string: str | None = None
+    generator: torch.Generator | None = None
+    block_table: list[int] = field(default_factory=list)  # KV-cache blocks, owned via the BlockManager
+    num_computed_tokens: int = 0  # tokens whose keys and values are in the cache
+    grammar_spec: GrammarSpec | None = None  # what structured_output asks for
+    grammar: RequestGrammar | None = None  # its matcher, attached once the grammar has compiled
+    error: InvalidRequestError | None = None
+    # Scored prompt tokens so far: entry i is prompt token i + 1 given tokens 0..i. Kept across a
+    # preemption, so recomputing the prompt never scores a position twice.
+    prompt_logprobs: list[SampledToken] = field(default_factory=list)
+    detokenizer: IncrementalDetokenizer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.detokenizer = IncrementalDetokenizer(self.decoder, self.prompt_ids)
+        if self.sampling.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.sampling.seed)
+        elif not self.sampling.is_greedy:
+            self.generator = torch.Generator()
+            self.generator.seed()
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt then output: what the model has seen or will see, in order."""
+        return self.prompt_ids + self.output_ids
+
+    def prompt_scoring(self, start: int, num_tokens: int) -> tuple[int, list[int]]:
+        """For a chunk of positions [start, start + num_tokens): the first position to score and the
+        prompt tokens those positions predict (empty when prompt logprobs are off or all known)."""
+        if self.sampling.prompt_logprobs is None:
+            return 0, []
+        first = max(start, len(self.prompt_logprobs))
+        end = min(start + num_tokens, len(self.prompt_ids) - 1)
+        return first, self.prompt_ids[first + 1 : end + 1] if end > first else []
+
+    @property
+    def blocked_token_ids(self) -> list[int]:
+        """Stop tokens may not be sampled before min_tokens outputs exist."""
+        return sorted(self.stop_token_ids) if len(self.output_ids) < self.stopping.min_tokens else []
+
+    def append(self, sampled: SampledToken) -> StepOutput:
+        """Record one sampled token, apply the stop rules and return what the client may see now."""
+        token_id = sampled.token_id
+        self.output_ids.append(token_id)
+        if self.grammar is not None:
+            self.grammar.accept(token_id)
+        if token_id in self.stop_token_ids:
+            self._finish(FinishReason.STOP)
+            self.stop_token_id = token_id
+        else:
+            self.output_text += self.detokenizer.add(token_id)
+            self._check_stop_strings()
+        if self.grammar is not None and self.grammar.is_terminated:
+            self._finish(FinishReason.STOP)
+        if not self.is_finished and len(self.output_ids) >= self.stopping.max_tokens:
+            self._finish(FinishReason.LENGTH)
+        if self.is_finished and self.stop_string is None and self.stop_token_id is None:
+            self.output_text += self.detokenizer.flush()
+        output = self._emit([token_id], [sampled] if sampled.logprob is not None else [])
+        if len(self.output_ids) == 1:
+            output.prompt_logprobs = list(self.prompt_logprobs)
+        return output
+
+    def abort(self) -> StepOutput:
+        self._finish(FinishReason.ABORTED)
+        return self._emit([], [])
+
+    def fail(self, error: InvalidRequestError) -> StepOutput:
+        """End the request with an error of its own making (its grammar and stop rules conflict);
+        the client gets the error after the tokens already sent."""
+        self.error = error
+        return self.abort()
+
+    def _finish(self, reason: FinishReason) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+
+    def _check_stop_strings(self) -> None:
+        if not self.stopping.stop or len(self.output_ids) <= self.stopping.min_tokens:
+            return
+        # Text that could begin a stop string is never emitted, so a new match starts at or
+        # after the emitted prefix; searching from there skips matches ignored before min_tokens.
+        search_from = self.num_emitted_chars
+        best: tuple[int, str] | None = None
+        for stop in self.stopping.stop:
+            index = self.output_text.find(stop, search_from)
+            if index >= 0 and (best is None or index < best[0]):
+                best = (index, stop)
+        if best is not None:
+            self.output_text = self.output_text[: best[0]]
+            self.stop_string = best[1]
+            self._finish(FinishReason.STOP)
+
+    def _held_back_chars(self) -> int:
+        """Length of the longest text suffix that could still grow into a stop string."""
+        if self.is_finished or not self.stopping.stop:
+            return 0
+        text = self.output_text
+        held = 0
+        for stop in self.stopping.stop:
+            for size in range(min(len(stop) - 1, len(text)), held, -1):
+                if stop.startswith(text[-size:]):
+                    held = size
+                    break
+        return held
+
+    def _emit(self, token_ids: list[int], logprobs: list[SampledToken]) -> StepOutput:
+        visible = len(self.output_text) - self._held_back_chars()
+        text = self.output_text[self.num_emitted_chars : visible] if visible > self.num_emitted_chars else ""
+        self.num_emitted_chars = max(self.num_emitted_chars, visible)
+        return StepOutput(
+            request_id=self.request_id,
+            text=text,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=self.finish_reason,
+            stop_token_id=self.stop_token_id,
+            stop_string=self.stop_string,
+            num_prompt_tokens=len(self.prompt_ids),
+            num_generated_tokens=len(self.output_ids),
+            error=self.error,
+        )

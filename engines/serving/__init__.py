@@ -1,0 +1,1 @@
+"""The serving room: the gRPC server and servicers, wire conversion, the async engine loop and its metrics."""

@@ -1,0 +1,145 @@
+"""Turns a wire request (GenerateRequest or GenerateStreamRequest, which share their fields) into
+a validated `Sequence`. Every rule a client can break is checked here, where input enters."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from dpgate.v1 import generate_pb2
+from engines.grammar.spec import (
+    GrammarSpec,
+    choice_spec,
+    ebnf_spec,
+    json_object_spec,
+    json_schema_spec,
+    regex_spec,
+)
+from engines.sampling.params import InvalidRequestError, SamplingParams, StoppingParams, require
+from engines.scheduling.detokenizer import Decoder
+from engines.scheduling.sequence import Sequence
+
+DEFAULT_MAX_TOKENS = 16
+
+
+class UnknownModelError(LookupError):
+    """The request names a model this server does not serve (NOT_FOUND)."""
+
+
+class UnsupportedFeatureError(NotImplementedError):
+    """The request asks for something this engine does not implement yet (UNIMPLEMENTED)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLimits:
+    """What a request is validated against."""
+
+    served_name: str
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: frozenset[int]
+
+
+GenerateLike = generate_pb2.GenerateRequest | generate_pb2.GenerateStreamRequest
+
+
+def build_sequence(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder) -> Sequence:
+    if request.model and request.model != limits.served_name:
+        raise UnknownModelError(
+            f"model {request.model!r} is not served here; this server serves {limits.served_name!r}"
+        )
+    grammar_spec = _grammar_spec(request) if request.HasField("structured_output") else None
+    prompt_ids = _prompt_ids(request, limits, tokenizer)
+    sampling = _sampling_params(request)
+    sampling.validate(limits.vocab_size)
+    stopping = _stopping_params(request, room=limits.max_model_len - len(prompt_ids))
+    stopping.validate(limits.vocab_size, len(prompt_ids), limits.max_model_len)
+    stop_token_ids = set(stopping.stop_token_ids)
+    if not stopping.ignore_eos:
+        stop_token_ids |= limits.eos_token_ids
+    require(
+        grammar_spec is None or bool(stop_token_ids),
+        "structured_output needs a token that ends the output: with stopping.ignore_eos the model's eos tokens "
+        "do not, so give stopping.stop_token_ids too",
+    )
+    return Sequence(
+        request_id=request.request_id or uuid.uuid4().hex,
+        prompt_ids=prompt_ids,
+        sampling=sampling,
+        stopping=stopping,
+        stop_token_ids=frozenset(stop_token_ids),
+        decoder=tokenizer,
+        grammar_spec=grammar_spec,
+    )
+
+
+def _grammar_spec(request: GenerateLike) -> GrammarSpec:
+    wire = request.structured_output
+    kind = wire.WhichOneof("kind")
+    if kind == "json_schema":
+        return json_schema_spec(wire.json_schema)
+    if kind == "json_object":
+        return json_object_spec()
+    if kind == "regex":
+        return regex_spec(wire.regex)
+    if kind == "ebnf":
+        return ebnf_spec(wire.ebnf)
+    if kind == "choice":
+        return choice_spec(list(wire.choice.choices))
+    raise InvalidRequestError("structured_output must set one kind: json_schema, json_object, regex, ebnf or choice")
+
+
+def _prompt_ids(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder) -> list[int]:
+    kind = request.WhichOneof("prompt")
+    if kind == "text":
+        require(request.text != "", "prompt text must not be empty")
+        ids = list(tokenizer(request.text).input_ids)
+        require(bool(ids), "prompt text must encode to at least one token")
+    elif kind == "token_ids":
+        ids = list(request.token_ids.ids)
+        require(bool(ids), "prompt token_ids must not be empty")
+        for token_id in ids:
+            require(
+                token_id < limits.vocab_size, f"prompt token_ids {token_id} must be < vocab size {limits.vocab_size}"
+            )
+    else:
+        raise InvalidRequestError("prompt must be set: give text or token_ids")
+    require(
+        len(ids) < limits.max_model_len,
+        f"prompt has {len(ids)} tokens but must be shorter than the model's context of {limits.max_model_len} tokens",
+    )
+    return ids
+
+
+def _sampling_params(request: GenerateLike) -> SamplingParams:
+    wire = request.sampling
+    top_n = request.logprobs.top_n if request.HasField("logprobs") else None
+    # ChatRequest has no prompt_logprobs: a rendered conversation is not a text to score.
+    prompt_top_n = None
+    if "prompt_logprobs" in request.DESCRIPTOR.fields_by_name and request.HasField("prompt_logprobs"):
+        prompt_top_n = request.prompt_logprobs.top_n
+    return SamplingParams(
+        temperature=wire.temperature if wire.HasField("temperature") else 1.0,
+        top_k=wire.top_k,
+        top_p=wire.top_p if wire.HasField("top_p") else 1.0,
+        min_p=wire.min_p,
+        seed=wire.seed if wire.HasField("seed") else None,
+        repetition_penalty=wire.repetition_penalty if wire.HasField("repetition_penalty") else 1.0,
+        presence_penalty=wire.presence_penalty,
+        frequency_penalty=wire.frequency_penalty,
+        logit_bias=dict(wire.logit_bias),
+        top_logprobs=top_n,
+        prompt_logprobs=prompt_top_n,
+    )
+
+
+def _stopping_params(request: GenerateLike, room: int) -> StoppingParams:
+    """`room` is how many tokens fit after the prompt; the default max_tokens shrinks to it."""
+    wire = request.stopping
+    return StoppingParams(
+        max_tokens=wire.max_tokens if wire.HasField("max_tokens") else min(DEFAULT_MAX_TOKENS, room),
+        min_tokens=wire.min_tokens,
+        stop=tuple(wire.stop),
+        stop_token_ids=frozenset(wire.stop_token_ids),
+        ignore_eos=wire.ignore_eos,
+    )

@@ -1,0 +1,185 @@
+"""Assemble and run one engine: load the model, bind gRPC, serve until SIGTERM or SIGINT.
+
+Start-up order is chosen so every user mistake fails fast and loudly: flags, then the model file,
+then the port, and only then the seconds of model loading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from dpgate import __version__
+from dpgate.host import usable_cores
+from dpgate.servicer_guard import ServicerGuard
+from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
+from engines import kernels
+from engines.chat.markers import chat_parsing
+from engines.chat.template import load_chat_template
+from engines.config import ConfigError, EngineConfig, read_template_text
+from engines.engine import LLMEngine
+from engines.grammar.compiler import GrammarCompiler
+from engines.kernels import KernelBuildError
+from engines.kernels.cpu import cpu_info
+from engines.model.numerics import Numerics, NumericsError, choose_numerics
+from engines.model.source import resolve_model
+from engines.serving.async_engine import AsyncEngine
+from engines.serving.metrics import EngineMetrics
+from engines.serving.request_builder import ModelLimits
+from engines.serving.servicers import INTERNAL_MESSAGE, ControlServicer, InferenceServicer, invalid_body_counter
+from engines.serving.startup import freeze_startup_heap, start_model
+
+logger = logging.getLogger("dpgate.engine")
+
+SERVICE_NAMES = (
+    generate_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name,
+    control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
+)
+SHUTDOWN_GRACE_S = 5.0
+
+
+def numerics_for(config: EngineConfig) -> Numerics:
+    """The engine's dtype and kernels for this CPU (building the kernel library if it is missing)."""
+    isas: tuple[str, ...] = ()
+    if config.batch_invariant:
+        try:
+            isas = kernels.supported_isas()
+        except KernelBuildError as error:
+            raise ConfigError(f"--batch-invariant: {error}") from error
+    try:
+        return choose_numerics(config.dtype, config.quantization, config.batch_invariant, cpu_info(), isas)
+    except NumericsError as error:
+        raise ConfigError(str(error)) from error
+
+
+async def serve(config: EngineConfig) -> int:
+    started = time.monotonic()
+    source = resolve_model(config.model, config.served_model_name)
+    metrics = EngineMetrics()
+    server = grpc.aio.server(interceptors=(ServicerGuard(INTERNAL_MESSAGE, invalid_body_counter(metrics)),))
+    address = f"{config.host}:{config.port}"
+    try:
+        server.add_insecure_port(address)
+    except RuntimeError as error:
+        raise ConfigError(f"--port {config.port}: cannot bind {address} ({error})") from error
+
+    if config.num_threads is not None:
+        import torch
+
+        torch.set_num_threads(config.num_threads)
+        if config.num_threads > usable_cores():
+            logger.warning(
+                "--num-threads %d is more than the %d CPUs this engine may run on: its threads will wait on "
+                "each other at every step; give it at most %d",
+                config.num_threads, usable_cores(), usable_cores(),
+            )  # fmt: skip
+    numerics = await asyncio.to_thread(numerics_for, config)
+    model = await asyncio.to_thread(start_model, config, source, numerics)
+    loaded, runner, max_model_len, num_blocks = model.loaded, model.runner, model.max_model_len, model.num_blocks
+    logger.info("numerics: %s, on %s", numerics.describe(), cpu_info().describe())
+    tokenizer = loaded.tokenizer
+    grammars = GrammarCompiler(tokenizer.tokenizer, loaded.config.vocab_size, tokenizer.eos_token_ids)
+    engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop(), grammars)
+    freeze_startup_heap()
+    metrics.watch(engine)
+    metrics.set_identity(config.data_parallel_rank, config.data_parallel_size, source.name, __version__)
+    limits = ModelLimits(source.name, loaded.config.vocab_size, max_model_len, tokenizer.eos_token_ids)
+
+    server_info = control_pb2.GetServerInfoResponse(
+        version=__version__,
+        parallelism=control_pb2.Parallelism(
+            data_parallel_rank=config.data_parallel_rank,
+            data_parallel_size=config.data_parallel_size,
+            tensor_parallel_size=config.tensor_parallel_size,
+            decode_context_parallel_size=config.decode_context_parallel_size,
+            dcp_kv_interleave=config.dcp_kv_interleave,
+        ),
+        model=source.name,
+        max_model_len=max_model_len,
+        kv_block_size=runner.block_size,
+        num_kv_blocks=num_blocks,
+        kv_capacity_tokens=model.kv_capacity_tokens,
+    )
+    model_info = control_pb2.GetModelInfoResponse(
+        model=source.name,
+        architecture=loaded.config.architecture,
+        vocab_size=loaded.config.vocab_size,
+        max_model_len=max_model_len,
+        eos_token_ids=sorted(tokenizer.eos_token_ids),
+        dtype=numerics.dtype,
+        quantization=numerics.quantization,
+        kernels=numerics.kernels,
+        batch_invariant=numerics.batch_invariant,
+        cpu=cpu_info().describe(),
+    )
+    if tokenizer.bos_token_id is not None:
+        model_info.bos_token_id = tokenizer.bos_token_id
+
+    parsing = chat_parsing(
+        loaded.config.architecture,
+        reasoning_parser=config.reasoning_parser,
+        tool_call_parser=config.tool_call_parser,
+        reasoning_markers=config.reasoning_markers,
+    )
+    template_text = read_template_text(config.chat_template) if config.chat_template is not None else None
+    chat_template = load_chat_template(tokenizer.tokenizer, parsing.markers, template_text)
+    inference = InferenceServicer(
+        engine, limits, tokenizer.tokenizer, metrics, config.data_parallel_rank, chat_template, parsing
+    )
+    generate_pb2_grpc.add_InferenceServiceServicer_to_server(inference, server)
+    control_pb2_grpc.add_ControlServiceServicer_to_server(
+        ControlServicer(engine, server_info, model_info, metrics), server
+    )
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    if config.metrics_port is not None:
+        metrics.serve(config.host, config.metrics_port)
+
+    await server.start()
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    logger.info(
+        "engine rank %d/%d serving %s on %s (%s, %s weights, max_model_len %d, %d KV blocks of %d) after %.1f s",
+        config.data_parallel_rank,
+        config.data_parallel_size,
+        source.name,
+        address,
+        numerics.dtype,
+        numerics.quantization,
+        max_model_len,
+        num_blocks,
+        config.block_size,
+        time.monotonic() - started,
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    failures: list[str] = []
+    if model.workers is not None:  # a worker that dies or hangs ends the engine, naming its rank
+        model.workers.on_failure = lambda reason: loop.call_soon_threadsafe(_fail, failures, reason, stop)
+    await stop.wait()
+    logger.info("engine shutting down")
+    for name in ("", *SERVICE_NAMES):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await server.stop(SHUTDOWN_GRACE_S)
+    engine.shutdown()
+    grammars.shutdown()
+    model.shutdown()
+    if failures:
+        logger.error("engine stopped: %s", failures[0])
+        return 1
+    return 0
+
+
+def _fail(failures: list[str], reason: str, stop: asyncio.Event) -> None:
+    failures.append(reason)
+    stop.set()
