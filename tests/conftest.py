@@ -15,6 +15,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the session's server processes write their logs (read back when a test fails)."""
+    return tmp_path_factory.mktemp("process-logs")
+
+
+@pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """The default model's tokenizer, built by transformers from the packaged GGUF."""
     from engines.model.source import resolve_model

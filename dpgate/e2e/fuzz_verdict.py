@@ -1,7 +1,7 @@
 """Which answers to a fuzz request are documented, and the verdict over all of them.
 
 Pure: outcomes are short labels, counted per request kind, so the rule is tested without servers
-(tests/e2e/test_fuzz_verdict.py, including that an INTERNAL fails it). Labels: a gRPC status code
+(tests/dpgate/e2e/test_fuzz_verdict.py, including that an INTERNAL fails it). Labels: a gRPC status code
 name ("OK", "INVALID_ARGUMENT", ...), "reset:CODE" (RST_STREAM), "goaway:CODE" (GOAWAY), "closed"
 (the connection ended without either), "client:ERROR" (our own client failed: a bug of the fuzzer).
 

@@ -3,7 +3,7 @@ names: bad frame sizes, stream-state violations, window overflows, bad HPACK and
 
 A sample of each class for the e2e fuzz workload, which runs every case while a GenerateStream on
 another connection is in flight and checks that call finishes unharmed. The whole h2spec list,
-case by case, is tests/gateway/test_h2spec_e2e.py; this is the part a deployed topology is asked.
+case by case, is tests/gateway/http2/test_h2spec_e2e.py; this is the part a deployed topology is asked.
 """
 
 from __future__ import annotations

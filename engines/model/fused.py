@@ -5,7 +5,7 @@ matmuls are small enough that parsing, dispatching and allocating for those oper
 much as the math. `fuse_decoder_layers` gives each layer a torch.classes.dpgate.DecoderLayer
 (csrc/decoder_layer.cpp) over the same packed weights and norm scales, which runs the same
 kernels in the same order on the same float32 values: its output has the Python layer's bits
-(tests/engines/test_fused_layer.py compares them with torch.equal). The layer's `forward` takes
+(tests/engines/model/test_fused_layer.py compares them with torch.equal). The layer's `forward` takes
 the fused path when the step's metadata allows it (`fused_step`); tensor-parallel shards,
 bfloat16 activations and torch's own kernels keep the module path.
 """

@@ -6,12 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.processes import FAST_HEALTH, EngineProcess, GatewayProcess, all_serving
-
-
-@pytest.fixture(scope="session")
-def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("gateway-logs")
+from tests.support.gateway_processes import FAST_HEALTH, EngineProcess, GatewayProcess, all_serving
 
 
 @pytest.fixture(scope="session")

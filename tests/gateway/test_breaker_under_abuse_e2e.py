@@ -20,9 +20,9 @@ import pytest
 from grpc import aio
 
 from dpgate.v1 import generate_pb2, generate_pb2_grpc
-from tests.gateway.processes import FAST_HEALTH, RANK_KEY, GatewayProcess, generate_request, stream_request
 from tests.gateway.raw_grpc import RawCall, message
 from tests.gateway.test_invalid_bodies_e2e import GARBAGE, METHODS, SERVER_STREAM
+from tests.support.gateway_processes import FAST_HEALTH, RANK_KEY, GatewayProcess, generate_request, stream_request
 
 NUM_BAD, NUM_GOOD = 1000, 200
 C = grpc.StatusCode

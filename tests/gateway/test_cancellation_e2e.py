@@ -11,7 +11,7 @@ import pytest
 from grpc import aio
 
 from dpgate.v1 import generate_pb2_grpc
-from tests.gateway.processes import PYTHON, ROOT, generate_request, read_line, stream_request
+from tests.support.gateway_processes import PYTHON, ROOT, generate_request, read_line, stream_request
 
 LONG = 900  # tokens: several seconds of generation on the tiny model
 

@@ -19,7 +19,7 @@ import pytest
 
 from dpgate.v1 import generate_pb2 as pb
 from engines.grammar.spec import ebnf_literal
-from tests.gateway.processes import FAST_HEALTH, RANK_KEY, EngineProcess, GatewayProcess, inference_stub
+from tests.support.gateway_processes import FAST_HEALTH, RANK_KEY, EngineProcess, GatewayProcess, inference_stub
 from tests.tiny_model import make_tiny_llama_dir
 
 WEATHER_SCHEMA = {

@@ -11,7 +11,7 @@ import pytest
 from dpgate.cli import serve as serve_command
 from gateway import gateway_command
 from gateway.config import ConfigError, GatewayConfig, validate_config
-from tests.gateway.processes import PYTHON, ROOT
+from tests.support.gateway_processes import PYTHON, ROOT
 
 E = ["--engine", "127.0.0.1:50061"]
 

@@ -7,7 +7,7 @@ import pytest
 
 from bench.synthetic_engine import ECHO_DEADLINE_PROMPT
 from dpgate.v1 import generate_pb2
-from tests.gateway.processes import gateway_starter, inference_stub, running_synthetic_engine
+from tests.support.gateway_processes import gateway_starter, inference_stub, running_synthetic_engine
 
 
 @pytest.fixture(scope="module")

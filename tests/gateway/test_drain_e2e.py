@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpgate.v1 import generate_pb2_grpc
 from gateway.forwarding import DRAINING_MESSAGE
-from tests.gateway.processes import (
+from tests.support.gateway_processes import (
     FAST_HEALTH,
     GatewayProcess,
     SyntheticEngineProcess,

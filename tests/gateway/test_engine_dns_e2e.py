@@ -17,7 +17,7 @@ from grpc import aio
 
 from dpgate.v1 import generate_pb2_grpc
 from tests.gateway.dns_server import TestDnsServer
-from tests.gateway.processes import (
+from tests.support.gateway_processes import (
     FAST_HEALTH,
     RANK_KEY,
     GatewayProcess,

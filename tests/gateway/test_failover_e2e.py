@@ -10,7 +10,7 @@ import pytest
 from grpc import aio
 
 from dpgate.v1 import generate_pb2_grpc
-from tests.gateway.processes import RANK_KEY, generate_request, inference_stub, stream_request
+from tests.support.gateway_processes import RANK_KEY, generate_request, inference_stub, stream_request
 
 HEALTH_INTERVAL_S = 0.25  # FAST_HEALTH in processes.py
 

@@ -11,8 +11,8 @@ from grpc import aio
 
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2_grpc
 from gateway.metadata import RANK_ERROR_MESSAGE
-from tests.gateway.processes import RANK_KEY, generate_request, inference_stub, stream_request
 from tests.gateway.rank_corpus import SENDABLE_BAD
+from tests.support.gateway_processes import RANK_KEY, generate_request, inference_stub, stream_request
 
 # The gateway's own probes reach the engines; every other rpc must stay untouched by refusals.
 PROBE_RPCS = {"GetLoad", "GetServerInfo"}

@@ -24,7 +24,7 @@ from dpgate.e2e.h2_wire import (
 )
 from gateway.http2 import frames as f
 from gateway.http2.header_codec import encode_block
-from tests.gateway.processes import gateway_starter, generate_request, inference_stub, running_synthetic_engine
+from tests.support.gateway_processes import gateway_starter, generate_request, inference_stub, running_synthetic_engine
 
 BLOCK = encode_block(request_fields())
 

@@ -7,7 +7,7 @@ import time
 import grpc
 import pytest
 
-from tests.gateway.processes import (
+from tests.support.gateway_processes import (
     FAST_HEALTH,
     RANK_KEY,
     GatewayProcess,

@@ -13,8 +13,8 @@ import zlib
 import grpc
 import pytest
 
-from tests.gateway.processes import RANK_KEY, generate_request
 from tests.gateway.raw_grpc import RawCall, message
+from tests.support.gateway_processes import RANK_KEY, generate_request
 
 # Bodies no protobuf message accepts: field number 0, a truncated tag, wire type 7, a length past
 # the end, a varint of eleven bytes, an end-group tag with no group.

@@ -20,7 +20,7 @@ import grpc
 import pytest
 
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2
-from tests.gateway.processes import (
+from tests.support.gateway_processes import (
     FAST_HEALTH,
     RANK_KEY,
     EngineProcess,

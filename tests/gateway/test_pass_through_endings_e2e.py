@@ -20,8 +20,8 @@ from grpc_reflection.v1alpha import reflection_pb2
 
 from gateway.config import GatewayConfig, validate_config
 from gateway.server import GatewayServer
-from tests.gateway.processes import free_port
 from tests.gateway.raw_grpc import RawCall, message
+from tests.support.gateway_processes import free_port
 
 WATCH_PATH = "/grpc.health.v1.Health/Watch"
 REFLECTION_PATH = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"

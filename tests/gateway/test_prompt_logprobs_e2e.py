@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from dpgate.v1 import generate_pb2 as pb
-from tests.gateway.processes import RANK_KEY, inference_stub
+from tests.support.gateway_processes import RANK_KEY, inference_stub
 
 PROMPT = [1, 504, 3458, 314, 260, 2463, 282, 3000, 1045, 28, 7777, 19]
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 
-from tests.gateway.processes import (
+from tests.support.gateway_processes import (
     FAST_HEALTH,
     GATEWAY_SERVICES,
     RANK_KEY,

@@ -15,9 +15,9 @@ import grpc
 import pytest
 
 from dpgate.v1 import generate_pb2
-from tests.gateway.processes import FAST_HEALTH, RANK_KEY, GatewayProcess, inference_stub
 from tests.gateway.raw_grpc import RawCall, message
 from tests.gateway.scripted_engine import DETAILS, DETAILS_MESSAGE, INITIAL, TRAILING, ScriptedEngine
+from tests.support.gateway_processes import FAST_HEALTH, RANK_KEY, GatewayProcess, inference_stub
 
 STREAM_PATH = "/dpgate.v1.InferenceService/GenerateStream"
 

@@ -8,7 +8,7 @@ import grpc
 from grpc import aio
 
 from dpgate.v1 import generate_pb2_grpc
-from tests.gateway.processes import (
+from tests.support.gateway_processes import (
     RANK_KEY,
     GatewayProcess,
     SyntheticEngineProcess,

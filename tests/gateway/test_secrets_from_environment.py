@@ -16,7 +16,8 @@ import pytest
 from gateway.config import ConfigError, GatewayConfig, api_keys_from_environment, validate_config
 from gateway.forwarding import UNAUTHENTICATED_MESSAGE
 from gateway.front_door import tls_context
-from tests.gateway.processes import (
+from tests.gateway.tls_files import make_ca, make_signed
+from tests.support.gateway_processes import (
     FAST_HEALTH,
     GatewayProcess,
     generate_request,
@@ -24,7 +25,6 @@ from tests.gateway.processes import (
     poll_until_serving,
     running_synthetic_engine,
 )
-from tests.gateway.tls_files import make_ca, make_signed
 
 KEY = "env-key-7f3a"
 

@@ -13,14 +13,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.forwarding import UNAUTHENTICATED_MESSAGE
-from tests.gateway.processes import (
+from tests.gateway.tls_files import make_ca, make_signed
+from tests.support.gateway_processes import (
     gateway_starter,
     generate_request,
     inference_stub,
     running_synthetic_engine,
     stream_request,
 )
-from tests.gateway.tls_files import make_ca, make_signed
 
 TOKEN_DELAY_S = 0.1
 

@@ -22,7 +22,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.gateway.processes import free_port
 from tests.ops.container_files import (
     ROOT,
     ImageSpec,
@@ -31,6 +30,7 @@ from tests.ops.container_files import (
     list_form,
     service_environment,
 )
+from tests.support.gateway_processes import free_port
 
 LOCAL_HOSTS = ("0.0.0.0", "127.0.0.1", "localhost")
 LOCAL_ONLY_ENV = ("PATH", "DPGATE_CACHE_DIR")

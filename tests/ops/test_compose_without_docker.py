@@ -15,9 +15,9 @@ from pathlib import Path
 import grpc
 
 from dpgate.v1 import control_pb2, control_pb2_grpc
-from tests.gateway.processes import generate_request, inference_stub, scrape, wait_ranks
 from tests.ops.container_files import list_form, read_compose, read_dockerfile
 from tests.ops.local_stack import local_stack
+from tests.support.gateway_processes import generate_request, inference_stub, scrape, wait_ranks
 
 RANK_KEY = "x-data-parallel-rank"
 

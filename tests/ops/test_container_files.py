@@ -20,7 +20,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dpgate.cli import SUBCOMMANDS
 from dpgate.cli import health as health_command
-from tests.gateway.processes import free_port
 from tests.ops.container_files import (
     ROOT,
     console_script,
@@ -31,6 +30,7 @@ from tests.ops.container_files import (
     read_dockerfile,
 )
 from tests.ops.local_stack import LOCAL_ONLY_ENV, PortMap, localize, program_argv
+from tests.support.gateway_processes import free_port
 
 SPEC = read_dockerfile()
 SERVICES = read_compose(dict(os.environ))

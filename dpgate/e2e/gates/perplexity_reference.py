@@ -1,5 +1,5 @@
 """The perplexity gate's reference: `transformers` on the same weights (a GGUF dequantized to
-float32, as tests/engines/test_model_vs_transformers.py loads it), over the same windows.
+float32, as tests/engines/model/test_model_vs_transformers.py loads it), over the same windows.
 
 Scoring a window is one float32 forward; its logits are taken in blocks of rows and reduced with
 a float64 log_softmax, as the engine reduces its own, so a 262k vocabulary never needs a
