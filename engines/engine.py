@@ -14,7 +14,8 @@ import torch
 from engines.grammar.bitmask import FilledMasks, MaskBuffers, MaskedRows, apply_masks, fill_masks
 from engines.kv.block_manager import BlockManager
 from engines.runner.model_runner import ChunkInput, ModelRunner
-from engines.sampling.sampler import SampledToken, greedy_tokens, is_plain_greedy, sample
+from engines.sampling.sampler import greedy_tokens, is_plain_greedy, request_generator, sample
+from engines.sampling.tokens import SampledToken
 from engines.scheduling.scheduler import Scheduler, SchedulerConfig
 from engines.scheduling.sequence import Sequence, StepOutput
 
@@ -120,6 +121,8 @@ class LLMEngine:
                     row_logits, raw = masked.logits[masked.index[row]], logits[row]
                 else:
                     row_logits, raw = logits[row], None
+                if seq.generator is None:
+                    seq.generator = request_generator(seq.sampling)
                 sampled = sample(
                     row_logits,
                     seq.sampling,

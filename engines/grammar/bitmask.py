@@ -14,14 +14,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from engines.grammar.matcher import GrammarConflictError
-    from engines.scheduling.sequence import Sequence
+from engines.grammar.bits import clear_bits_of_rows
+from engines.grammar.errors import GrammarConflictError
+from engines.sampling.params import StoppingParams
+
+if TYPE_CHECKING:  # the matcher imports xgrammar (2 s): only an engine that sees a grammar loads it
+    from engines.grammar.matcher import RequestGrammar
+
+
+class ConstrainedRow(Protocol):
+    """What masking reads of a batch row's request (the scheduler's `Sequence` is one): its grammar
+    (None: unconstrained), the tokens it generated, the stop tokens it may not sample yet."""
+
+    grammar: RequestGrammar | None
+    output_ids: list[int]
+    stopping: StoppingParams
+
+    @property
+    def blocked_token_ids(self) -> Seq[int]: ...
 
 
 @dataclass(slots=True)
@@ -79,7 +94,7 @@ class FilledMasks:
     conflicts: dict[int, GrammarConflictError]
 
 
-def fill_masks(seqs: Seq[Sequence], vocab_size: int, buffers: MaskBuffers) -> FilledMasks | None:
+def fill_masks(seqs: Seq[ConstrainedRow], vocab_size: int, buffers: MaskBuffers) -> FilledMasks | None:
     """Every constrained row's mask, from what its request has generated so far; None when no
     row is constrained. Stop tokens blocked before min_tokens are cleared in the mask too, so a
     row they empty is caught here (a conflict), not sampled.
@@ -87,8 +102,6 @@ def fill_masks(seqs: Seq[Sequence], vocab_size: int, buffers: MaskBuffers) -> Fi
     The engine calls this before the step's forward, right after the last step's tokens were
     accepted: the matchers are still in cache then. After the forward has streamed every weight
     through the caches, the same fill took six times as long (0.23 ms against 0.04 ms at batch 8)."""
-    from engines.grammar.matcher import GrammarConflictError
-
     rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None]
     if not rows:
         return None
@@ -142,26 +155,7 @@ def apply_masks(logits: torch.Tensor, filled: FilledMasks | None, *, with_kernel
 
 
 def mask_constrained_rows(
-    logits: torch.Tensor, seqs: Seq[Sequence], buffers: MaskBuffers, *, with_kernel: bool = False
+    logits: torch.Tensor, seqs: Seq[ConstrainedRow], buffers: MaskBuffers, *, with_kernel: bool = False
 ) -> MaskedRows:
     """`fill_masks` and `apply_masks` at once: `logits` [len(seqs), vocab], row i for seqs[i]."""
     return apply_masks(logits, fill_masks(seqs, logits.shape[1], buffers), with_kernel=with_kernel)
-
-
-def clear_bits(row: torch.Tensor, token_ids: Seq[int]) -> None:
-    """Disallow `token_ids` in one int32 bitmask row."""
-    clear_bits_of_rows(row.numpy()[np.newaxis], [(0, token_ids)])
-
-
-def clear_bits_of_rows(words: np.ndarray, cleared: Seq[tuple[int, Seq[int]]]) -> None:
-    """Disallow, for each (row, token_ids) of `cleared`, those tokens in `words[row]` (int32).
-    On numpy's view of the bitmask: a torch op on one element costs about 15 us, three of them a
-    token, which at batch 8 came to 0.25 ms a step; numpy's cost well under a microsecond."""
-    for row, token_ids in cleared:
-        for token_id in token_ids:
-            words[row, token_id >> 5] &= _as_int32(~(1 << (token_id & 31)) & 0xFFFFFFFF)
-
-
-def _as_int32(word: int) -> int:
-    """An unsigned 32-bit word as the signed int32 holding the same bits."""
-    return word - (1 << 32) if word >= 1 << 31 else word

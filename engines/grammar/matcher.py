@@ -18,12 +18,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
-from engines.grammar.bitmask import clear_bits
-from engines.sampling.params import InvalidRequestError
-
-
-class GrammarConflictError(InvalidRequestError):
-    """The grammar and the request's own rules leave no token to sample (INVALID_ARGUMENT)."""
+from engines.grammar.bits import allowed_token_ids, clear_bits
 
 
 class RequestGrammar:
@@ -104,8 +99,3 @@ def _allowed_ids(matcher: Any, vocab_size: int) -> set[int]:
     matcher.fill_next_token_bitmask(bitmask, 0)
     return set(allowed_token_ids(bitmask[0], vocab_size))
 
-
-def allowed_token_ids(row: torch.Tensor, vocab_size: int) -> list[int]:
-    """The ids whose bits are set in one bitmask row."""
-    bits = (row.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
-    return bits.reshape(-1)[:vocab_size].nonzero().flatten().tolist()

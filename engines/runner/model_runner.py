@@ -18,7 +18,7 @@ from engines.kv.block_manager import blocks_needed
 from engines.parallel.step_record import StepInputs
 from engines.runner.loader import LoadedModel
 from engines.sampling.prompt_logprobs import PromptScoring, rows_per_block, score_blocks, score_prompt_rows
-from engines.sampling.sampler import SampledToken
+from engines.sampling.tokens import SampledToken
 
 if TYPE_CHECKING:
     from engines.parallel.rank import RankContext

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.sampling.sampler import SampledToken
+from engines.sampling.tokens import SampledToken
 
 # Logit elements per block: 4M float32 (16 MB) plus their float64 log_softmax (32 MB).
 SCORE_BLOCK_ELEMENTS = 1 << 22

@@ -9,17 +9,22 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-import torch
+from typing import Any, Protocol
 
 from engines.grammar.spec import GrammarSpec
 from engines.sampling.params import InvalidRequestError, SamplingParams, StoppingParams
-from engines.sampling.sampler import SampledToken
+from engines.sampling.tokens import SampledToken
 from engines.scheduling.detokenizer import Decoder, IncrementalDetokenizer
 
-if TYPE_CHECKING:  # xgrammar is imported only where a grammar is used
-    from engines.grammar.matcher import RequestGrammar
+
+class GrammarState(Protocol):
+    """What a sequence tells its grammar and asks of it (engines/grammar/matcher.py's
+    `RequestGrammar` is one): a protocol, so scheduling imports neither xgrammar nor torch."""
+
+    def accept(self, token_id: int) -> None: ...
+
+    @property
+    def is_terminated(self) -> bool: ...
 
 
 class FinishReason(enum.Enum):
@@ -61,11 +66,13 @@ class Sequence:
     finish_reason: FinishReason | None = None
     stop_token_id: int | None = None
     stop_string: str | None = None
-    generator: torch.Generator | None = None
+    # The sampler's random state for this request (a torch.Generator), made by the engine on the
+    # request's first sampled step (engines.sampling.sampler.request_generator); opaque here.
+    generator: Any = None
     block_table: list[int] = field(default_factory=list)  # KV-cache blocks, owned via the BlockManager
     num_computed_tokens: int = 0  # tokens whose keys and values are in the cache
     grammar_spec: GrammarSpec | None = None  # what structured_output asks for
-    grammar: RequestGrammar | None = None  # its matcher, attached once the grammar has compiled
+    grammar: GrammarState | None = None  # its matcher, attached once the grammar has compiled
     error: InvalidRequestError | None = None
     # Scored prompt tokens so far: entry i is prompt token i + 1 given tokens 0..i. Kept across a
     # preemption, so recomputing the prompt never scores a position twice.
@@ -74,11 +81,6 @@ class Sequence:
 
     def __post_init__(self) -> None:
         self.detokenizer = IncrementalDetokenizer(self.decoder, self.prompt_ids)
-        if self.sampling.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.sampling.seed)
-        elif not self.sampling.is_greedy:
-            self.generator = torch.Generator()
-            self.generator.seed()
 
     @property
     def is_finished(self) -> bool:

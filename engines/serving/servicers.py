@@ -27,7 +27,7 @@ from engines.chat.markers import ChatParsing
 from engines.chat.output_parser import ChatOutputParser, ChatPiece, ParsedToolCall, collect
 from engines.chat.template import ChatTemplate, NoChatTemplateError
 from engines.sampling.params import InvalidRequestError
-from engines.sampling.sampler import SampledToken
+from engines.sampling.tokens import SampledToken
 from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError
 from engines.scheduling.sequence import FinishReason, Sequence, StepOutput
 from engines.serving.async_engine import AsyncEngine, EngineFailedError

@@ -17,7 +17,8 @@ import pytest
 from dpgate.v1 import generate_pb2 as pb
 from engines.engine import LLMEngine
 from engines.grammar.compiler import GrammarCompiler, InvalidGrammarError, XgrammarBackend
-from engines.grammar.matcher import GrammarConflictError, RequestGrammar
+from engines.grammar.errors import GrammarConflictError
+from engines.grammar.matcher import RequestGrammar
 from engines.grammar.vocab import encoded_vocabulary
 from engines.model.source import resolve_model
 from engines.runner.model_runner import ModelRunner

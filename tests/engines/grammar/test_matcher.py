@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from dpgate.v1 import generate_pb2 as pb
-from engines.grammar.bitmask import MaskBuffers, clear_bits, clear_bits_of_rows, mask_constrained_rows
-from engines.grammar.matcher import RequestGrammar, allowed_token_ids
+from engines.grammar.bitmask import MaskBuffers, mask_constrained_rows
+from engines.grammar.bits import allowed_token_ids, clear_bits, clear_bits_of_rows
+from engines.grammar.matcher import RequestGrammar
 from engines.grammar.spec import json_schema_spec, regex_spec
 from engines.grammar.vocab import special_token_ids
-from engines.sampling.sampler import SampledToken
+from engines.sampling.tokens import SampledToken
 from engines.scheduling.sequence import FinishReason
 from engines.serving.request_builder import ModelLimits, build_sequence
 from tests.engines.grammar.conftest import SMOLLM2_EOS, SMOLLM2_VOCAB_SIZE

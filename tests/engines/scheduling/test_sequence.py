@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engines.sampling.params import SamplingParams, StoppingParams
-from engines.sampling.sampler import SampledToken
+from engines.sampling.tokens import SampledToken
 from engines.scheduling.sequence import FinishReason, Sequence
 
 EOS = 2
