@@ -19,15 +19,26 @@ Two ways to compute it, chosen once per engine (engines/model/numerics.py) and n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from engines import kernels
 
-if TYPE_CHECKING:
-    from engines.parallel.dcp_exchange import DcpExchange
+
+class ContextExchange(Protocol):
+    """What attention asks of a decode-context-parallel group (engines/parallel/dcp_exchange.py's
+    `DcpExchange` is the one implementation): a protocol, so the KV room does not import the
+    parallel room that builds on it."""
+
+    def gather_queries(self, q: torch.Tensor) -> torch.Tensor:
+        """q [tokens, local heads, D] float32 -> the group's [tokens, C * local heads, D]."""
+        ...
+
+    def combine_partials(self, out: torch.Tensor, lse: torch.Tensor, isa: str) -> torch.Tensor:
+        """Partial outputs and LSEs for the group's heads -> this rank's heads, combined."""
+        ...
 
 
 class KVCache:
@@ -162,7 +173,7 @@ def attend(
 class DcpStep:
     """A rank's place in its decode-context-parallel group, and the group's exchange."""
 
-    exchange: DcpExchange
+    exchange: ContextExchange
     dcp_size: int
     dcp_rank: int
     interleave: int
