@@ -27,11 +27,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import grpc
 
 from dpgate.v1 import control_pb2, generate_pb2
+from gateway.call_headers import REQUEST_ID_KEY, CallHeaders, request_id_field
+from gateway.call_host import CallHost
 from gateway.engine_client import EngineClient
 from gateway.errors import EngineFailed, GatewayError, Unavailable
 from gateway.front_door import ServerCall, rank_trailer
@@ -51,17 +52,6 @@ from gateway.http2.connection import Headers
 from gateway.http2.header_codec import encode_literal
 from gateway.status_table import status_for
 from gateway.upstream import UpstreamConnection, UpstreamStream
-
-if TYPE_CHECKING:
-    from gateway.forwarding import CallHeaders, Forwarder
-
-_REQUEST_ID_KEY = b"x-request-id"
-
-
-def request_id_field(request_id: str) -> bytes:
-    """The encoded `x-request-id` field, for the engine's request headers and the client's trailers."""
-    return encode_literal(_REQUEST_ID_KEY, request_id.encode())
-
 
 logger = logging.getLogger("dpgate.gateway.forwarding")
 
@@ -133,7 +123,7 @@ class ForwardedCall:
 
     def __init__(
         self,
-        forwarder: Forwarder,
+        forwarder: CallHost,
         call: ServerCall,
         headers: CallHeaders,
         rpc: str,
@@ -425,7 +415,7 @@ class ForwardedCall:
             if not engines:
                 raise Unavailable("no engine can serve the request: every candidate is not healthy")
             request = self._request
-            metadata = ((_REQUEST_ID_KEY.decode(), self._request_id),)
+            metadata = ((REQUEST_ID_KEY.decode(), self._request_id),)
             timeout = None
             if self._deadline is not None:
                 timeout = max(0.0, self._deadline - asyncio.get_running_loop().time())

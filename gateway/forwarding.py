@@ -20,17 +20,16 @@ import grpc
 from prometheus_client import Counter, Histogram
 
 from dpgate.request_id import resolve_request_id
+from gateway.call_headers import CallHeaders, request_id_field
 from gateway.config import GatewayConfig
 from gateway.engine_client import CONTROL_SERVICE, INFERENCE_SERVICE, EngineClient
 from gateway.engine_pool import EnginePool
 from gateway.errors import InvalidArgument
-from gateway.forwarded_call import ForwardedCall, request_id_field
+from gateway.forwarded_call import ForwardedCall
 from gateway.front_door import ServerCall
-from gateway.grpc_wire import parse_timeout, status_trailers
+from gateway.grpc_wire import status_trailers
 from gateway.health_state import Blame, CallEvent
-from gateway.http2.connection import Headers
-from gateway.http2.header_codec import encode_literal
-from gateway.metadata import RANK_BIN_KEY, RANK_KEY, parse_data_parallel_rank
+from gateway.metadata import RANK_KEY, parse_data_parallel_rank
 from gateway.metrics import GatewayMetrics
 from gateway.pass_through import PassThroughCall
 from gateway.routing import RouteRequest, RoutingPolicy, choose_engine_for_request
@@ -52,42 +51,8 @@ DPGATE_METHODS: dict[bytes, tuple[str, bool]] = {
     },
 }
 _DPGATE_PREFIX = b"/dpgate.v1."
-_RANK_KEYS = (RANK_KEY.encode(), RANK_BIN_KEY.encode())
-_PASSED_HEADERS = (b"grpc-encoding", b"grpc-accept-encoding")
-_REQUEST_ID_KEY = b"x-request-id"
 logger = logging.getLogger("dpgate.gateway.forwarding")
 access_logger = logging.getLogger("dpgate.gateway.access")
-
-
-class CallHeaders:
-    """What the front door reads from a call's request headers, in one pass."""
-
-    __slots__ = ("authorization", "encoding", "passed", "path", "rank_fields", "request_ids", "timeout")
-
-    def __init__(self, headers: Headers) -> None:
-        self.path = b""
-        self.timeout: float | None = None
-        self.authorization: list[bytes] = []
-        self.rank_fields: list[tuple[str, bytes]] = []
-        self.request_ids: list[bytes] = []
-        self.encoding: bytes | None = None  # grpc-encoding of the request messages
-        passed = b""
-        for name, value in headers:
-            if name == b":path":
-                self.path = value
-            elif name == b"grpc-timeout":
-                self.timeout = parse_timeout(value)
-            elif name == b"authorization":
-                self.authorization.append(value)
-            elif name in _RANK_KEYS:
-                self.rank_fields.append((name.decode(), value))
-            elif name == _REQUEST_ID_KEY:
-                self.request_ids.append(value)
-            elif name in _PASSED_HEADERS:
-                passed += encode_literal(name, value)
-                if name == b"grpc-encoding":
-                    self.encoding = value
-        self.passed = passed
 
 
 class Forwarder:

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
 import grpc
 
+from gateway.call_headers import CallHeaders
+from gateway.call_host import CallHost
 from gateway.front_door import ServerCall
 from gateway.grpc_wire import reset_status, status_trailers
 from gateway.http2.connection import Headers
 from gateway.http2.header_codec import encode_block
 from gateway.upstream import UpstreamConnection, UpstreamStream
-
-if TYPE_CHECKING:
-    from gateway.forwarding import CallHeaders, Forwarder
 
 
 class PassThroughCall:
@@ -28,7 +26,7 @@ class PassThroughCall:
 
     __slots__ = ("_call", "_is_done", "_link", "_upstream", "_waiting")
 
-    def __init__(self, forwarder: Forwarder, call: ServerCall, headers: CallHeaders, end_stream: bool) -> None:
+    def __init__(self, forwarder: CallHost, call: ServerCall, headers: CallHeaders, end_stream: bool) -> None:
         self._call = call
         self._upstream: UpstreamStream | None = None
         self._waiting: list[tuple[bytes, bool]] = []  # request data that came before the upstream opened

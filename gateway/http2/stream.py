@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gateway.http2.connection import Http2Connection
+from typing import Protocol
 
 Headers = list[tuple[bytes, bytes]]
 
 LOCAL_STREAM_WINDOW = 1 << 22  # the receive window the gateway opens on every stream (4 MiB)
+
+
+class StreamConnection(Protocol):
+    """The connection a stream lives on, as its owner uses it (connection.py's `Http2Connection` is
+    the one implementation): a protocol, so this module does not import the connection that
+    imports it."""
+
+    peer_initial_window: int  # the send window a new stream starts with (the peer's SETTINGS)
+    is_client: bool
+    is_closed: bool
+
+    def send_headers(self, stream: Stream, block: bytes, end_stream: bool = False) -> None: ...
+
+    def send_data(self, stream: Stream, data: bytes, end_stream: bool = False) -> None: ...
+
+    def reset_stream(self, stream: Stream, error_code: int = ...) -> None: ...
+
+    def release(self, stream: Stream, num_bytes: int) -> None: ...
 
 
 class Stream:
@@ -40,7 +55,7 @@ class Stream:
         "stream_id",
     )  # fmt: skip
 
-    def __init__(self, connection: Http2Connection) -> None:
+    def __init__(self, connection: StreamConnection) -> None:
         self.connection = connection
         self.stream_id = 0
         self.send_window = connection.peer_initial_window

@@ -1,0 +1,46 @@
+"""What a relayed call needs from the forwarder that admitted it: a protocol, so the call objects
+(forwarded_call.py, pass_through.py) do not import the forwarder that creates them (forwarding.py
+implements it)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import grpc
+
+from gateway.config import GatewayConfig
+from gateway.engine_client import EngineClient
+from gateway.health_state import CallEvent
+from gateway.metrics import GatewayMetrics
+from gateway.upstream import UpstreamLink
+
+
+class CallHost(Protocol):
+    """The forwarder's side of a call: admission counts, engine choice, outcome bookkeeping."""
+
+    metrics: GatewayMetrics
+    config: GatewayConfig
+    max_message_bytes: int
+    num_in_flight: int
+    calls: set[Any]  # the calls in flight (cancelled together at shutdown)
+    local_services: UpstreamLink | None  # the gateway's own health and reflection server
+
+    def choose(self, rank: int | None, excluded: frozenset[str]) -> EngineClient:
+        """The engine for a call: the pinned rank's, else the policy's pick among the usable others."""
+        ...
+
+    def record(self, rpc: str, code: grpc.StatusCode, start: float) -> None:
+        """Count an ended call by rpc and code, and its latency."""
+        ...
+
+    def log_call(self, rpc: str, code: grpc.StatusCode, rank: int | None, start: float, request_id: str) -> None:
+        """One access-log line for an ended call."""
+        ...
+
+    def record_outcome(self, engine: EngineClient, outcome: str | CallEvent) -> None:
+        """Feed an engine's breaker what a call it served ended with."""
+        ...
+
+    def usable_engines(self) -> list[EngineClient]:
+        """Engines an unpinned Abort goes to."""
+        ...
