@@ -12,7 +12,7 @@ anything is sent.
 
 Blocking::
 
-    from dpgate.client.clients import DpgateClient, GenerationOptions
+    from dpgate.client import DpgateClient, GenerationOptions
 
     with DpgateClient("127.0.0.1:50051", rank=0, timeout=30) as client:
         with client.stream("The capital of France is", GenerationOptions(max_tokens=16)) as stream:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from dpgate.client.clients import DpgateClient, DpgateError, TlsOptions
+from dpgate.client import DpgateClient, DpgateError, TlsOptions
 from engines.model.source import DEFAULT_MODEL
 from tests.gateway.tls_files import CertPair, make_ca, make_signed
 from tests.support.gateway_processes import (

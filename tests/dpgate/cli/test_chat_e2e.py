@@ -18,7 +18,7 @@ import jsonschema
 import pytest
 
 from dpgate.cli.chat_view import REASONING_PREFIX
-from dpgate.client.clients import DpgateClient, GenerationOptions
+from dpgate.client import DpgateClient, GenerationOptions
 from tests.support.gateway_processes import PYTHON, ROOT, EngineProcess
 from tests.tiny_model import make_tiny_llama_dir
 

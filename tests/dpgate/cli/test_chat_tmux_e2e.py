@@ -17,7 +17,7 @@ import time
 import pytest
 
 from dpgate.cli.chat_view import CANCELLED_LINE
-from dpgate.client.clients import DpgateClient, GenerationOptions
+from dpgate.client import DpgateClient, GenerationOptions
 from tests.dpgate.client.test_chat_client_e2e import wait_nothing_running
 from tests.support.tmux_session import TMUX, TmuxSession
 

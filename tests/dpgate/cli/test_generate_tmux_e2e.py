@@ -16,7 +16,7 @@ import subprocess
 import grpc
 import pytest
 
-from dpgate.client.clients import DpgateClient, GenerationOptions
+from dpgate.client import DpgateClient, GenerationOptions
 from tests.support.gateway_processes import PYTHON, ROOT, free_port, poll_until_serving
 from tests.support.tmux_session import TMUX, TmuxSession
 

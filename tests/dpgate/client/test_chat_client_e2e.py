@@ -15,7 +15,7 @@ import time
 import jsonschema
 import pytest
 
-from dpgate.client.clients import (
+from dpgate.client import (
     AsyncDpgateClient,
     ChatTool,
     ContentDelta,

@@ -13,7 +13,7 @@ import time
 import grpc
 import pytest
 
-from dpgate.client.clients import (
+from dpgate.client import (
     AsyncDpgateClient,
     DpgateClient,
     DpgateError,

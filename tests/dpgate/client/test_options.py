@@ -7,7 +7,7 @@ import re
 import grpc
 import pytest
 
-from dpgate.client.clients import AsyncDpgateClient, DpgateClient, FinishReason, GenerationOptions, TlsOptions
+from dpgate.client import AsyncDpgateClient, DpgateClient, FinishReason, GenerationOptions, TlsOptions
 from dpgate.client.options import call_metadata, serving_rank
 from dpgate.client.results import DpgateError, Finish, StreamState
 from dpgate.v1 import generate_pb2
