@@ -19,16 +19,12 @@ from dpgate.e2e.contracts import Topology
 def _model_config(spec: str) -> Any | None:
     """The model's ModelConfig, or None if it cannot be read (read once per model: a matrix asks
     for each topology)."""
-    from engines.model.config import UnsupportedModelError, config_from_gguf, config_from_hf_dir
-    from engines.model.gguf_reader import GGUFFile, GGUFFormatError
-    from engines.model.source import ModelNotFoundError, SourceKind, resolve_model
+    from engines.model.config import UnsupportedModelError, read_model_config
+    from engines.model.gguf_reader import GGUFFormatError
+    from engines.model.source import ModelNotFoundError, resolve_model
 
     try:
-        source = resolve_model(spec)
-        if source.kind is SourceKind.GGUF:
-            with GGUFFile(source.path) as gguf:
-                return config_from_gguf(gguf.metadata, set(gguf.tensors))
-        return config_from_hf_dir(source.path)
+        return read_model_config(resolve_model(spec))
     except (ModelNotFoundError, GGUFFormatError, UnsupportedModelError, OSError, ValueError):
         return None
 

@@ -12,6 +12,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from engines.model.gguf_reader import GGUFFile
+from engines.model.source import ModelSource, SourceKind
+
 
 class UnsupportedModelError(ValueError):
     """The model is valid but uses something this runner does not implement."""
@@ -191,3 +194,15 @@ def _gemma3_from_hf(raw: dict[str, Any]) -> ModelConfig:
         query_pre_attn_scalar=float(raw.get("query_pre_attn_scalar") or head_dim),
         final_logit_softcap=float(softcap) if softcap else None,
     )
+
+
+def read_model_config(source: ModelSource, gguf: GGUFFile | None = None) -> ModelConfig:
+    """The one reader of a model's config, whatever asks (start-up sizing, the loader, the e2e
+    runner's fit check): from the GGUF's metadata (`gguf`, when the caller has the file open
+    already) or the Hugging Face directory's config.json."""
+    if source.kind is not SourceKind.GGUF:
+        return config_from_hf_dir(source.path)
+    if gguf is not None:
+        return config_from_gguf(gguf.metadata, set(gguf.tensors))
+    with GGUFFile(source.path) as opened:
+        return config_from_gguf(opened.metadata, set(opened.tensors))

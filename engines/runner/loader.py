@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from engines.kernels.gguf_blocks import GroupQuantized
-from engines.model.config import ModelConfig, config_from_gguf, config_from_hf_dir
+from engines.model.config import ModelConfig, read_model_config
 from engines.model.fused import fuse_decoder_layers
 from engines.model.gemma3 import Gemma3ForCausalLM
 from engines.model.gguf_reader import GGUFFile
@@ -106,7 +106,7 @@ def shipped_weights(
         logger.warning("--quantization gguf: %s; serving every linear layer on int8 instead", reason)
         return None
     with GGUFFile(source.path) as gguf:
-        config = config_from_gguf(gguf.metadata, set(gguf.tensors))
+        config = read_model_config(source, gguf)
         weights, left_out = gguf_quantized_weights(gguf, config)
     for line in left_out:
         logger.warning("--quantization gguf: %s; this layer is served on int8", line)
@@ -149,12 +149,12 @@ def load(
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=1))
         if source.kind is SourceKind.GGUF:
             gguf = stack.enter_context(GGUFFile(source.path))
-            config = config_from_gguf(gguf.metadata, set(gguf.tensors))
+            config = read_model_config(source, gguf)
             arch = ARCHITECTURES[config.architecture]
             tokenizer = pool.submit(load_tokenizer, source, gguf.metadata) if with_tokenizer else None
             full_state = lambda: arch.gguf_state(gguf, config)  # noqa: E731
         else:
-            config = config_from_hf_dir(source.path)
+            config = read_model_config(source)
             arch = ARCHITECTURES[config.architecture]
             tokenizer = pool.submit(load_tokenizer, source) if with_tokenizer else None
             full_state = lambda: arch.hf_state(source.path, config)  # noqa: E731

@@ -15,10 +15,9 @@ from dataclasses import dataclass
 
 from dpgate.host import usable_cores
 from engines.config import ConfigError, EngineConfig
-from engines.model.config import ModelConfig, config_from_gguf, config_from_hf_dir
-from engines.model.gguf_reader import GGUFFile
+from engines.model.config import ModelConfig, read_model_config
 from engines.model.numerics import Numerics
-from engines.model.source import ModelSource, SourceKind
+from engines.model.source import ModelSource
 from engines.parallel.plan import ParallelConfigError, ParallelPlan
 from engines.parallel.rank import buffer_sizes
 from engines.runner.loader import LoadedModel, load_for_serving
@@ -41,13 +40,6 @@ class StartedModel:
     def shutdown(self) -> None:
         if self.workers is not None:
             self.workers.shutdown()
-
-
-def read_model_config(source: ModelSource) -> ModelConfig:
-    if source.kind is SourceKind.GGUF:
-        with GGUFFile(source.path) as gguf:
-            return config_from_gguf(gguf.metadata, set(gguf.tensors))
-    return config_from_hf_dir(source.path)
 
 
 def max_model_len_for(config: EngineConfig, model: ModelConfig) -> int:
