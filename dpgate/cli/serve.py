@@ -16,13 +16,13 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 import subprocess
 import sys
 
 from dpgate.config_file import attribute
 from dpgate.host import usable_cores
 from dpgate.logs import add_log_format_argument, configure_logging
+from dpgate.ports import free_port
 from gateway.config import ConfigError, GatewayConfig, api_keys_from_environment, validate_config
 from gateway.gateway_command import add_limit_arguments, limits_from_args
 
@@ -79,13 +79,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tool-call-parser", help="engines' tool-call parser: hermes or none (default: by the model)")
     add_log_format_argument(parser, deprecated_json_flag=True)  # the gateway's and every engine's
     add_limit_arguments(parser)
-
-
-def free_local_port() -> int:
-    """A port the OS considers free now; the engine binds it moments later (a small, accepted race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
@@ -197,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
         message = attribute("--data-parallel-size must be at least 1.", args)
         print(f"dpgate serve: error: {message}", file=sys.stderr)
         return 2
-    ports = [free_local_port() for _ in range(args.data_parallel_size)]
+    ports = [free_port() for _ in range(args.data_parallel_size)]  # below the ephemeral range: dpgate/ports.py
     try:
         check_engine_metrics_ports(args)
         config = gateway_config(args, ports)

@@ -20,7 +20,6 @@ import logging
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dpgate.ports import free_port
 from engines.model.numerics import Numerics
 from engines.model.source import ModelSource
 from engines.parallel.comm import TensorParallelGroup
@@ -109,12 +109,6 @@ def spawn_worker(spec: WorkerSpec) -> subprocess.Popen:
     return process
 
 
-def free_local_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class WorkerGroup:
     """Rank 0's side: starts the workers, joins them, and watches them for the engine's life."""
 
@@ -126,7 +120,7 @@ class WorkerGroup:
         self.arenas = create_buffers(plan, sizes)
         record, heartbeats, exchanges = self.arenas
         names = SharedNames(record.name, heartbeats.name, tuple(arena.name for arena in exchanges))
-        port = free_local_port()
+        port = free_port()  # the group's rendezvous port, below the ephemeral range: dpgate/ports.py
         specs = [
             WorkerSpec(rank, plan, source, numerics, max_model_len, num_blocks, block_size, port, names, sizes,
                        num_threads)
