@@ -25,7 +25,7 @@ class CallHost(Protocol):
     calls: set[Any]  # the calls in flight (cancelled together at shutdown)
     local_services: UpstreamLink | None  # the gateway's own health and reflection server
 
-    def choose(self, rank: int | None, excluded: frozenset[str]) -> EngineClient:
+    def choose(self, rank: int | None, excluded: frozenset[str], model: str | None = None) -> EngineClient:
         """The engine for a call: the pinned rank's, else the policy's pick among the usable others."""
         ...
 

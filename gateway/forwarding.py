@@ -145,8 +145,9 @@ class Forwarder:
 
     # --- shared by the calls ------------------------------------------------------------------
 
-    def choose(self, rank: int | None, excluded: frozenset[str]) -> EngineClient:
-        request = RouteRequest(rank=rank, excluded_addresses=excluded)
+    def choose(self, rank: int | None, excluded: frozenset[str], model: str | None = None) -> EngineClient:
+        """`model`: when the caller read it from the request (the gRPC relay does not parse bodies)."""
+        request = RouteRequest(rank=rank, model=model, excluded_addresses=excluded)
         pool = self._pool
         view = choose_engine_for_request(
             pool.snapshot(), request, self._policy, data_parallel_size=pool.data_parallel_size

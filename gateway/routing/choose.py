@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.errors import InvalidArgument, NotFound, Unavailable
+from gateway.errors import InvalidArgument, Unavailable
 from gateway.routing.filters import FILTERS, RouteRequest
 from gateway.routing.policies import RoutingPolicy
 from gateway.routing.snapshot import EngineView
@@ -52,10 +52,7 @@ def _choose_pinned(
     for engine_filter in FILTERS:
         kept = [engine for engine in owners if engine_filter.keep(engine, request)]
         if not kept:
-            message = f"data parallel rank {rank} {engine_filter.reason}"
-            if engine_filter.name == "model":
-                raise NotFound(f"model {request.model!r} is not served by data parallel rank {rank}")
-            raise Unavailable(message)
+            raise engine_filter.refuse(request)
         owners = kept
     return owners[0]
 
@@ -82,8 +79,6 @@ def choose_engine_for_request(
     for engine_filter in FILTERS:
         kept = [engine for engine in candidates if engine_filter.keep(engine, request)]
         if not kept:
-            if engine_filter.name == "model":
-                raise NotFound(f"model {request.model!r} is not served by any connected engine")
-            raise Unavailable(f"no engine can serve the request: every candidate {engine_filter.reason}")
+            raise engine_filter.refuse(request)
         candidates = kept
     return candidates[policy.select(candidates)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from gateway.errors import GatewayError, NotFound, Unavailable
 from gateway.routing.snapshot import EngineView
 
 
@@ -16,8 +17,9 @@ from gateway.routing.snapshot import EngineView
 class RouteRequest:
     """What routing knows about a call: its pinned rank, the model (when known) and engines to skip.
 
-    `model` is None when the gateway did not read the body (it forwards bodies as raw bytes); the
-    engine then answers NOT_FOUND for a model it does not serve. `excluded_addresses` holds engines
+    `model` is None when the gateway did not read the body (the gRPC relay forwards bodies as raw
+    bytes; the engine then answers NOT_FOUND for a model it does not serve); the OpenAI HTTP API,
+    which parses its JSON, sets it. `excluded_addresses` holds engines
     already tried by this call, so a retry never lands on the same engine.
     """
 
@@ -26,13 +28,29 @@ class RouteRequest:
     excluded_addresses: frozenset[str] = frozenset()
 
 
+def _unavailable(request: RouteRequest, reason: str) -> GatewayError:
+    if request.rank is not None:
+        return Unavailable(f"data parallel rank {request.rank} {reason}")
+    return Unavailable(f"no engine can serve the request: every candidate {reason}")
+
+
+def _model_not_found(request: RouteRequest, reason: str) -> GatewayError:
+    where = f"data parallel rank {request.rank}" if request.rank is not None else "any connected engine"
+    return NotFound(f"model {request.model!r} is not served by {where}")
+
+
 @dataclass(slots=True, frozen=True)
 class EngineFilter:
-    """One link of the chain: a predicate and the phrase that explains a rejection."""
+    """One link of the chain: a predicate, the phrase that explains a rejection, and the error a
+    call gets when this filter removes every candidate (UNAVAILABLE unless the filter says)."""
 
     name: str
     reason: str
     keep: Callable[[EngineView, RouteRequest], bool]
+    refusal: Callable[[RouteRequest, str], GatewayError] = _unavailable
+
+    def refuse(self, request: RouteRequest) -> GatewayError:
+        return self.refusal(request, self.reason)
 
 
 def _is_healthy(engine: EngineView, request: RouteRequest) -> bool:
@@ -61,7 +79,7 @@ def _matches_rank(engine: EngineView, request: RouteRequest) -> bool:
 
 FILTERS: tuple[EngineFilter, ...] = (
     EngineFilter("healthy", "is not healthy", _is_healthy),
-    EngineFilter("model", "does not serve the model", _serves_model),
+    EngineFilter("model", "does not serve the model", _serves_model, _model_not_found),
     EngineFilter("draining", "is draining", _is_not_draining),
     EngineFilter("circuit", "has an open circuit breaker", _is_circuit_closed),
     EngineFilter("excluded", "already failed this call", _is_not_excluded),
