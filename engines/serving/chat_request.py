@@ -2,9 +2,9 @@
 output parser needs to read its output.
 
 Every rule a chat client can break is checked here: messages, tools, tool_choice and the template
-kwargs. The generation fields then go through the very code Generate uses (`build_sequence`, on a
-GenerateRequest carrying the rendered prompt's token ids), so sampling, stopping, logprobs and
-structured output mean exactly what they mean for Generate. The prompt is tokenized without
+kwargs. The generation fields then go through the very code Generate uses (`assemble_sequence`,
+with the rendered prompt's token ids), so sampling, stopping, logprobs and structured output mean
+exactly what they mean for Generate. The prompt is tokenized without
 adding special tokens: the template already wrote them. A tool_choice of REQUIRED or a named tool
 becomes the request's grammar (engines/chat/tool_grammar.py), so the call parses and its
 arguments follow the tool's schema.
@@ -25,9 +25,7 @@ from engines.chat.tools import ToolSpec, parse_tools
 from engines.sampling.params import InvalidRequestError, require
 from engines.scheduling.detokenizer import Decoder
 from engines.scheduling.sequence import Sequence
-from engines.serving.request_builder import ModelLimits, UnknownModelError, build_sequence
-
-ChatLike = generate_pb2.ChatRequest | generate_pb2.ChatStreamRequest
+from engines.serving.request_builder import ChatLike, ModelLimits, assemble_sequence, check_model
 
 _ROLES = {
     generate_pb2.CHAT_ROLE_SYSTEM: "system",
@@ -73,10 +71,7 @@ class ChatRun:
 def build_chat(
     request: ChatLike, limits: ModelLimits, tokenizer: Decoder, template: ChatTemplate, parsing: ChatParsing
 ) -> ChatRun:
-    if request.model and request.model != limits.served_name:
-        raise UnknownModelError(
-            f"model {request.model!r} is not served here; this server serves {limits.served_name!r}"
-        )
+    check_model(request.model, limits)
     messages = [_message(index, message) for index, message in enumerate(request.messages)]
     require(bool(messages), "messages must hold at least one message")
     tools = parse_tools(request.tools)
@@ -92,7 +87,7 @@ def build_chat(
     rendered = template.render(messages, wire_tools or None, kwargs)
     prompt_ids = list(tokenizer(rendered.text, add_special_tokens=False).input_ids)
     require(bool(prompt_ids), "messages must render to a prompt of at least one token")
-    sequence = build_sequence(_generate_request(request, prompt_ids), limits, tokenizer)
+    sequence = assemble_sequence(request, prompt_ids, limits, tokenizer)
     if constrained and not parsing.parse_tools:
         raise ToolCallsOffError(
             "tool_choice REQUIRED or a named tool needs tool-call parsing, which this engine has off "
@@ -188,14 +183,3 @@ def _kwargs(request: ChatLike) -> dict[str, Any] | None:
             f"chat_template_kwargs.{key} is not allowed: the server sets {key!r} itself",
         )
     return kwargs
-
-
-def _generate_request(request: ChatLike, prompt_ids: list[int]) -> generate_pb2.GenerateRequest:
-    """The GenerateRequest that runs the rendered prompt with the chat request's generation fields."""
-    generate = generate_pb2.GenerateRequest(
-        request_id=request.request_id, model=request.model, token_ids=generate_pb2.TokenIds(ids=prompt_ids)
-    )
-    for name in ("sampling", "stopping", "structured_output", "logprobs"):
-        if request.HasField(name):
-            getattr(generate, name).CopyFrom(getattr(request, name))
-    return generate

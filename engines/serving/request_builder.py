@@ -41,15 +41,27 @@ class ModelLimits:
 
 
 GenerateLike = generate_pb2.GenerateRequest | generate_pb2.GenerateStreamRequest
+ChatLike = generate_pb2.ChatRequest | generate_pb2.ChatStreamRequest
 
 
 def build_sequence(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder) -> Sequence:
-    if request.model and request.model != limits.served_name:
-        raise UnknownModelError(
-            f"model {request.model!r} is not served here; this server serves {limits.served_name!r}"
-        )
+    check_model(request.model, limits)
+    return assemble_sequence(request, _prompt_ids(request, limits, tokenizer), limits, tokenizer)
+
+
+def check_model(model: str, limits: ModelLimits) -> None:
+    """A request naming a model must name the one served here (an empty name means it)."""
+    if model and model != limits.served_name:
+        raise UnknownModelError(f"model {model!r} is not served here; this server serves {limits.served_name!r}")
+
+
+def assemble_sequence(
+    request: GenerateLike | ChatLike, prompt_ids: list[int], limits: ModelLimits, tokenizer: Decoder
+) -> Sequence:
+    """The Sequence that runs `prompt_ids` with the request's generation fields (sampling, stopping,
+    structured_output, logprobs), every rule checked: Generate's path, and Chat's once it has
+    rendered its prompt, so the fields mean the same on both."""
     grammar_spec = _grammar_spec(request) if request.HasField("structured_output") else None
-    prompt_ids = _prompt_ids(request, limits, tokenizer)
     sampling = _sampling_params(request)
     sampling.validate(limits.vocab_size)
     stopping = _stopping_params(request, room=limits.max_model_len - len(prompt_ids))
@@ -73,7 +85,7 @@ def build_sequence(request: GenerateLike, limits: ModelLimits, tokenizer: Decode
     )
 
 
-def _grammar_spec(request: GenerateLike) -> GrammarSpec:
+def _grammar_spec(request: GenerateLike | ChatLike) -> GrammarSpec:
     wire = request.structured_output
     kind = wire.WhichOneof("kind")
     if kind == "json_schema":
@@ -111,7 +123,7 @@ def _prompt_ids(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder) 
     return ids
 
 
-def _sampling_params(request: GenerateLike) -> SamplingParams:
+def _sampling_params(request: GenerateLike | ChatLike) -> SamplingParams:
     wire = request.sampling
     top_n = request.logprobs.top_n if request.HasField("logprobs") else None
     # ChatRequest has no prompt_logprobs: a rendered conversation is not a text to score.
@@ -133,7 +145,7 @@ def _sampling_params(request: GenerateLike) -> SamplingParams:
     )
 
 
-def _stopping_params(request: GenerateLike, room: int) -> StoppingParams:
+def _stopping_params(request: GenerateLike | ChatLike, room: int) -> StoppingParams:
     """`room` is how many tokens fit after the prompt; the default max_tokens shrinks to it."""
     wire = request.stopping
     return StoppingParams(

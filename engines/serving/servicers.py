@@ -31,9 +31,10 @@ from engines.sampling.tokens import SampledToken
 from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError
 from engines.scheduling.sequence import FinishReason, Sequence, StepOutput
 from engines.serving.async_engine import AsyncEngine, EngineFailedError
-from engines.serving.chat_request import ChatLike, ChatRun, ToolCallsOffError, build_chat
+from engines.serving.chat_request import ChatRun, ToolCallsOffError, build_chat
 from engines.serving.metrics import EngineMetrics
 from engines.serving.request_builder import (
+    ChatLike,
     ModelLimits,
     UnknownModelError,
     UnsupportedFeatureError,
