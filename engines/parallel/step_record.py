@@ -10,10 +10,10 @@ limits and asserted in `write`, the path that fills it.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
 
 import torch
 
+from engines.model.step_inputs import StepInputs
 from engines.parallel.comm import TensorParallelGroup
 from engines.parallel.shm import SharedArena, TensorSpec
 
@@ -21,24 +21,6 @@ from engines.parallel.shm import SharedArena, TensorSpec
 class Command(enum.IntEnum):
     STEP = 1
     SHUTDOWN = 2
-
-
-@dataclass(slots=True)
-class StepInputs:
-    """One step: `token_ids`/`positions`/`token_seq` [tokens] (token_seq: the chunk of each
-    token), `block_tables` [chunks, width] int32 (padded with 0), `logits_indices` [sampled],
-    `score_indices` [scored] the rows whose prompt logprobs are wanted (ascending)."""
-
-    token_ids: torch.Tensor
-    positions: torch.Tensor
-    token_seq: torch.Tensor
-    block_tables: torch.Tensor
-    logits_indices: torch.Tensor
-    score_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.long))
-
-    @property
-    def num_tokens(self) -> int:
-        return self.token_ids.shape[0]
 
 
 def record_specs(max_tokens: int, max_chunks: int, max_blocks: int) -> list[TensorSpec]:
@@ -49,6 +31,7 @@ def record_specs(max_tokens: int, max_chunks: int, max_blocks: int) -> list[Tens
         TensorSpec("block_tables", (max_chunks * max_blocks,), torch.int32),
         TensorSpec("logits_indices", (max_chunks,), torch.int64),
         TensorSpec("score_indices", (max_tokens,), torch.int64),
+        TensorSpec("chunk_spans", (2 * max_chunks,), torch.int64),  # starts, then lengths
     ]
 
 
@@ -76,6 +59,7 @@ class StepRecord:
         t["block_tables"][: chunks * width].copy_(inputs.block_tables.reshape(-1))
         t["logits_indices"][:k].copy_(inputs.logits_indices)
         t["score_indices"][:s].copy_(inputs.score_indices)
+        t["chunk_spans"][: 2 * chunks] = torch.tensor(inputs.chunk_starts + inputs.chunk_lengths, dtype=torch.int64)
         self.epoch += 1
         self.group.broadcast_header([Command.STEP, self.epoch, n, chunks, width, k, s])
 
@@ -90,6 +74,7 @@ class StepRecord:
             return None
         self.epoch = epoch
         t = self.tensors
+        spans = t["chunk_spans"][: 2 * chunks].tolist()
         return StepInputs(
             token_ids=t["token_ids"][:n],
             positions=t["positions"][:n],
@@ -97,4 +82,6 @@ class StepRecord:
             block_tables=t["block_tables"][: chunks * width].view(chunks, width),
             logits_indices=t["logits_indices"][:k],
             score_indices=t["score_indices"][:s],
+            chunk_starts=tuple(spans[:chunks]),
+            chunk_lengths=tuple(spans[chunks:]),
         )

@@ -15,7 +15,7 @@ import torch
 
 from engines.kv.attention import AttentionMetadata, KVCache, PrefillSlice
 from engines.kv.block_manager import blocks_needed
-from engines.parallel.step_record import StepInputs
+from engines.model.step_inputs import StepInputs
 from engines.runner.loader import LoadedModel
 from engines.sampling.prompt_logprobs import PromptScoring, rows_per_block, score_blocks, score_prompt_rows
 from engines.sampling.tokens import SampledToken
@@ -166,6 +166,8 @@ class ModelRunner:
             block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
             logits_indices=torch.tensor(logits_indices, dtype=torch.long),
             score_indices=torch.tensor(score_indices, dtype=torch.long),
+            chunk_starts=tuple(chunk.start for chunk in chunks),
+            chunk_lengths=tuple(len(chunk.token_ids) for chunk in chunks),
         )
 
     def metadata(self, inputs: StepInputs) -> AttentionMetadata:
@@ -211,11 +213,9 @@ def _scoring(chunks: Sequence[ChunkInput]) -> PromptScoring | None:
 
 def _with_torch_attention_inputs(meta: AttentionMetadata, inputs: StepInputs, block_size: int) -> AttentionMetadata:
     """The padded decode batch and the per-sequence prefill slices torch's attention path reads."""
-    lengths = torch.bincount(inputs.token_seq.long(), minlength=inputs.block_tables.shape[0]).tolist()
     decode_rows, decode_tables, decode_positions = [], [], []
     row = 0
-    for index, length in enumerate(lengths):
-        start = int(inputs.positions[row])
+    for index, (start, length) in enumerate(zip(inputs.chunk_starts, inputs.chunk_lengths, strict=True)):
         table = inputs.block_tables[index, : blocks_needed(start + length, block_size)].long()
         if length == 1:
             decode_rows.append(row)
