@@ -3,8 +3,9 @@ per-request output queues out.
 
 Synchronisation: the event loop never touches `LLMEngine`; it sends `AddRequest`/`AbortRequest`
 commands through a thread-safe queue. The engine thread drains commands before every step and
-hands each `StepOutput` back with `loop.call_soon_threadsafe`, so every per-request
-`asyncio.Queue` is only ever used on the loop. Load figures are read from plain ints the engine
+hands the step's outputs back with one `loop.call_soon_threadsafe` a step (one wake-up of the loop,
+however many requests the step advanced), so every per-request `asyncio.Queue` is only ever used
+on the loop. Load figures are read from plain ints the engine
 thread publishes after each step. A request with a grammar is compiled on the grammar compiler's
 threads (awaited here, on neither the loop nor the engine thread) before the engine sees it, so a
 grammar that does not compile fails the call before any token.
@@ -124,6 +125,10 @@ class AsyncEngine:
         if stream is not None:
             stream.put_nowait(output)
 
+    def _deliver_step(self, outputs: list[StepOutput]) -> None:
+        for output in outputs:
+            self._deliver(output, output.request_id)
+
     def _send(self, output: StepOutput) -> None:
         self.loop.call_soon_threadsafe(self._deliver, output, output.request_id)
 
@@ -152,8 +157,9 @@ class AsyncEngine:
                 if not all(self._apply(command) for command in pending):
                     return
                 if self.engine.has_work:
-                    for output in self.engine.step():
-                        self._send(output)
+                    outputs = self.engine.step()
+                    if outputs:
+                        self.loop.call_soon_threadsafe(self._deliver_step, outputs)
                     if self.on_step is not None:
                         self.on_step(self.engine)
                 self.num_running, self.num_waiting = self.engine.num_running, self.engine.num_waiting
