@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         found, runs = load_results(results)
     else:
         found, runs = load_results(args.from_json)
-    doc.write_text(render_into(doc.read_text(), found, runs, doc.parent / "performance", BENCHMARKS))
+    not_run = {name: why for name, why in NOT_RUN.items() if (BENCH / f"{name}.py").exists()}
+    doc.write_text(render_into(doc.read_text(), found, runs, doc.parent / "performance", BENCHMARKS, not_run))
     print(f"wrote {doc} and its figures under {doc.parent / 'performance'}")
     return 1 if failed else 0
 

@@ -96,7 +96,9 @@ def times_section(found: dict[str, dict], runs: dict[str, dict]) -> list[str]:
     return lines
 
 
-def generated_section(found: dict[str, dict], runs: dict[str, dict], figures: Path, benchmarks) -> str:
+def generated_section(
+    found: dict[str, dict], runs: dict[str, dict], figures: Path, benchmarks, not_run: dict[str, str]
+) -> str:
     rows: list[Row] = []
     for name, to_rows in ROWS.items():
         if name in found:
@@ -128,18 +130,20 @@ def generated_section(found: dict[str, dict], runs: dict[str, dict], figures: Pa
         lines += ["### Recorded without a peer", "", f"Kept in the results directory, not tabulated: {listed}.", ""]
     if runs:
         lines += times_section(found, runs)
-    from report import BENCH, NOT_RUN
-
-    skipped = [f"`bench/{name}.py` ({why})" for name, why in NOT_RUN.items() if (BENCH / f"{name}.py").exists()]
+    skipped = [f"`bench/{name}.py` ({why})" for name, why in not_run.items()]
     if skipped:
         lines += [f"Not run by the report: {'; '.join(skipped)}.", ""]
     return "\n".join([*lines, END])
 
 
-def render_into(document: str, found: dict[str, dict], runs: dict[str, dict], figures: Path, benchmarks) -> str:
+def render_into(
+    document: str, found: dict[str, dict], runs: dict[str, dict], figures: Path, benchmarks,
+    not_run: dict[str, str] | None = None,
+) -> str:  # fmt: skip
     """`document` with its generated section replaced, or inserted after the title line when it has
-    none yet; the rest of the text is kept as it is."""
-    section = generated_section(found, runs, figures, benchmarks)
+    none yet; the rest of the text is kept as it is. `not_run`: the scripts under bench/ the report
+    does not run, each with why (listed under the table)."""
+    section = generated_section(found, runs, figures, benchmarks, not_run or {})
     start, end = document.find(BEGIN), document.find(END)
     if start >= 0 and end > start:
         return document[:start] + section + document[end + len(END) :]
