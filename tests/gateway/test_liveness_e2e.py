@@ -8,7 +8,8 @@ import time
 from grpc_health.v1 import health_pb2
 
 from gateway.server import LIVENESS_SERVICE
-from tests.support.gateway_processes import FAST_HEALTH, GatewayProcess, free_port, health_status
+from tests.support.gateway_processes import FAST_HEALTH, GatewayProcess, free_port
+from tests.support.health import health_status
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 

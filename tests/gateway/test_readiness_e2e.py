@@ -19,10 +19,10 @@ from tests.support.gateway_processes import (
     GatewayProcess,
     SyntheticEngineProcess,
     generate_request,
-    health_status,
     inference_stub,
     stream_request,
 )
+from tests.support.health import health_status
 
 MISSING_RANK_1 = (
     "data parallel rank 1 of data parallel size 2 is not connected to this gateway right now; connected ranks: [0]"

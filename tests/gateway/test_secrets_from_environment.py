@@ -22,9 +22,9 @@ from tests.support.gateway_processes import (
     GatewayProcess,
     generate_request,
     inference_stub,
-    poll_until_serving,
     running_synthetic_engine,
 )
+from tests.support.health import poll_until_serving
 
 KEY = "env-key-7f3a"
 

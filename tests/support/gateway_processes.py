@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpgate.ports import free_port
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
+from tests.support.health import poll_until_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -82,26 +82,6 @@ def wait_ranks(address: str, ranks: list[int], timeout: float = 30) -> None:
 GATEWAY_SERVICES = ("", "dpgate.v1.InferenceService", "dpgate.v1.ControlService")
 
 
-def health_status(address: str, service: str = "") -> int:
-    """One grpc.health.v1 Check answer (a HealthCheckResponse.ServingStatus value)."""
-    with grpc.insecure_channel(address) as channel:
-        request = health_pb2.HealthCheckRequest(service=service)
-        return health_pb2_grpc.HealthStub(channel).Check(request, timeout=5).status
-
-
-def poll_until_serving(channel: grpc.Channel, service: str = "", timeout: float = 90) -> list[int]:
-    """Check `service` every 20 ms until it answers SERVING; return every answer seen, SERVING last."""
-    stub = health_pb2_grpc.HealthStub(channel)
-    seen: list[int] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        seen.append(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status)
-        if seen[-1] == health_pb2.HealthCheckResponse.SERVING:
-            return seen
-        time.sleep(0.02)
-    raise RuntimeError(f"health of {service!r} not SERVING after {timeout}s; last {seen[-1:]}")
-
-
 class EngineProcess:
     """A `dpgate engine` process (real model) on a fixed port, restartable on the same port."""
 
@@ -127,20 +107,7 @@ class EngineProcess:
         self.process = subprocess.Popen(self.command(), stdout=log, stderr=log, env=_env(), cwd=ROOT)
 
     def wait_serving(self, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        with grpc.insecure_channel(self.address) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            while time.monotonic() < deadline:
-                if self.process is not None and self.process.poll() is not None:
-                    raise RuntimeError(f"engine {self.rank} exited: {self.log_path.read_text()[-2000:]}")
-                try:
-                    response = stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
-                    if response.status == health_pb2.HealthCheckResponse.SERVING:
-                        return
-                except grpc.RpcError:
-                    pass
-                time.sleep(0.1)
-        raise RuntimeError(f"engine {self.rank} not serving after {timeout}s")
+        poll_until_serving(self.address, timeout=timeout, process=self.process, log_path=self.log_path, interval=0.1)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -12,10 +12,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from dpgate.ports import free_port as free_port  # re-exported: the tests import it from here
+from tests.support.health import poll_until_serving
 
 
 def pinned_to_one_cpu() -> None:
@@ -34,22 +32,6 @@ class RunningProcess:
     seconds_to_serving: float
 
 
-def wait_until_serving(address: str, process: subprocess.Popen, timeout: float) -> float:
-    """Poll grpc.health.v1 until SERVING; fail early if the process exits."""
-    started = time.monotonic()
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() - started < timeout:
-            if process.poll() is not None:
-                raise RuntimeError(f"process exited with status {process.returncode} before serving")
-            with contextlib.suppress(grpc.RpcError):
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return time.monotonic() - started
-            time.sleep(0.1)
-    raise TimeoutError(f"{address} did not report SERVING within {timeout} s")
-
-
 @contextlib.contextmanager
 def running(
     args: Sequence[str], port: int, timeout: float = 120.0, log_path: str | None = None
@@ -59,7 +41,9 @@ def running(
     process = subprocess.Popen(dpgate_command(*args), stdout=log, stderr=subprocess.STDOUT)
     try:
         address = f"127.0.0.1:{port}"
-        yield RunningProcess(process, address, wait_until_serving(address, process, timeout))
+        started = time.monotonic()
+        poll_until_serving(address, timeout=timeout, process=process, interval=0.1)
+        yield RunningProcess(process, address, time.monotonic() - started)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)

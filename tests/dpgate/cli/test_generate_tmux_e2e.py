@@ -17,10 +17,9 @@ import grpc
 import pytest
 
 from dpgate.client import DpgateClient, GenerationOptions
-from tests.support.gateway_processes import PYTHON, ROOT, free_port, poll_until_serving
-from tests.support.tmux_session import TMUX, TmuxSession
-
-pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (.ci/run installs it)")
+from tests.support.gateway_processes import PYTHON, ROOT, free_port
+from tests.support.health import poll_until_serving
+from tests.support.tmux_session import TmuxSession
 
 PROMPT = "The capital of France is"
 FINAL_LINE = re.compile(

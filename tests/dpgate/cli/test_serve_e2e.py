@@ -18,11 +18,10 @@ from tests.support.gateway_processes import (
     ROOT,
     free_port,
     generate_request,
-    health_status,
     inference_stub,
-    poll_until_serving,
     read_line,
 )
+from tests.support.health import health_status, poll_until_serving
 
 
 def children_of(pid: int) -> list[int]:

@@ -116,7 +116,7 @@ def test_the_served_default_with_tp2_dcp2_serves_a_batch_through_the_gateway(one
     batch-invariant kernels): a batch of calls through the gateway completes, each call's tokens
     and logprobs the same as when it ran alone."""
     from tests.support.gateway_processes import PYTHON, ROOT
-    from tests.support.processes import wait_until_serving
+    from tests.support.health import poll_until_serving
 
     port = free_port()
     command = [PYTHON, "-m", "dpgate.cli", "serve", "--port", str(port), "--model", str(one_kv_head_model),
@@ -124,7 +124,7 @@ def test_the_served_default_with_tp2_dcp2_serves_a_batch_through_the_gateway(one
     with open(tmp_path / "serve.log", "w") as log:
         serve = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT)
         try:
-            wait_until_serving(f"127.0.0.1:{port}", serve, timeout=180)
+            poll_until_serving(f"127.0.0.1:{port}", timeout=180, process=serve, interval=0.1)
             with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
                 stub = generate_pb2_grpc.InferenceServiceStub(channel)
                 batch = prompts() + [p[::-1] for p in prompts()]
