@@ -35,6 +35,7 @@ from gateway.grpc_wire import frame_message, status_trailers
 from gateway.http2 import frames as f
 from gateway.http2.header_codec import encode_block
 from gateway.upstream import UpstreamConnection, UpstreamLink
+from tests.support.memory_transport import MemoryTransport
 
 CONFIG = GatewayConfig(
     engines=("127.0.0.1:1",), max_concurrent_streams=4, max_header_list_size=2048, max_continuation_frames=4,
@@ -69,32 +70,6 @@ MESSAGE = frame_message(b"\x0a\x02hi")
 INTERESTING = [0, 1, 2, 3, 4, 5, 6, 7, 255, 16_383, 16_384, 65_535, 65_536, 2**24 - 1, 2**24, 2**31 - 1, 2**31,
                2**32 - 1]  # fmt: skip
 STREAM_IDS = [0, 1, 1, 1, 3, 3, 5, 2, 4, 7, 9, 2**31 - 1]
-
-
-class FuzzTransport:
-    """Records what the connection writes; `close` only marks it closed."""
-
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.writes_after_close = 0
-        self.is_closed = False
-
-    def write(self, data: bytes) -> None:
-        if self.is_closed:
-            self.writes_after_close += 1
-        self.written += data
-
-    def close(self) -> None:
-        self.is_closed = True
-
-    def is_closing(self) -> bool:
-        return self.is_closed
-
-    def get_extra_info(self, name: str, default=None):
-        return default
-
-    def get_write_buffer_size(self) -> int:
-        return 0
 
 
 class StubOpener:
@@ -271,7 +246,7 @@ def seed_inputs() -> list[bytes]:
 
 async def drive(role: str, chunks: list[bytes]):
     ERRORS.records.clear()
-    transport = FuzzTransport()
+    transport = MemoryTransport()
     if role == "server":
         connections: set = set()
         connection = ClientConnection(StubOpener(), CONFIG, connections, LIMITS)
@@ -304,7 +279,7 @@ def frames_in(data: bytes) -> list[tuple[int, int, int, bytes]]:
     return frames
 
 
-def check(role: str, connection, transport: FuzzTransport, start: int) -> None:
+def check(role: str, connection, transport: MemoryTransport, start: int) -> None:
     assert not ERRORS.records, ERRORS.records[0].getMessage()
     assert transport.writes_after_close == 0, "written after close"
     written = bytes(transport.written)

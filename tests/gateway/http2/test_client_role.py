@@ -12,27 +12,13 @@ import struct
 from gateway.http2 import frames as f
 from gateway.http2.connection import LOCAL_STREAM_WINDOW, Http2Connection, Stream
 from gateway.http2.header_codec import encode_block
+from tests.support.memory_transport import MemoryTransport
 
 REQUEST = encode_block([(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/svc/M"),
                         (b"te", b"trailers")])  # fmt: skip
 RESPONSE = encode_block([(b":status", b"200"), (b"content-type", b"application/grpc")])
 TRAILERS = encode_block([(b"grpc-status", b"0")])
 SERVER_PREFACE = f.pack_settings({})
-
-
-class Transport:
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.is_closed = False
-
-    def write(self, data: bytes) -> None:
-        self.written += data
-
-    def close(self) -> None:
-        self.is_closed = True
-
-    def get_extra_info(self, name, default=None):
-        return default
 
 
 class Call(Stream):
@@ -67,12 +53,12 @@ def frames_of(data: bytes) -> list[tuple[int, int, int, bytes]]:
     return out
 
 
-def exchange(*server_frames: bytes) -> tuple[Call, list[tuple[int, int, int, bytes]], Transport]:
+def exchange(*server_frames: bytes) -> tuple[Call, list[tuple[int, int, int, bytes]], MemoryTransport]:
     """Open call 1 on a fresh client connection, feed it the server's bytes; what did each side see?"""
 
     async def run():
         client = Client()
-        transport = Transport()
+        transport = MemoryTransport()
         client.connection_made(transport)
         call = Call(client)
         client.add_stream(call, 1)
@@ -149,7 +135,7 @@ def test_what_only_a_client_must_refuse_ends_the_connection():
 def test_the_server_preface_must_be_settings():
     async def run():
         client = Client()
-        transport = Transport()
+        transport = MemoryTransport()
         client.connection_made(transport)
         client.data_received(f.pack_frame(f.PING, 0, 0, b"12345678"))
         return frames_of(bytes(transport.written)), transport
@@ -169,7 +155,7 @@ def test_a_server_that_sends_past_the_window_gets_flow_control_error():
 def test_frames_in_flight_after_the_gateway_reset_a_call_are_ignored():
     async def run():
         client = Client()
-        transport = Transport()
+        transport = MemoryTransport()
         client.connection_made(transport)
         call = Call(client)
         client.add_stream(call, 1)

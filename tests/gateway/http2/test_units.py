@@ -22,6 +22,7 @@ from gateway.grpc_wire import (
 from gateway.http2 import frames as f
 from gateway.http2.connection import Http2Connection, Stream
 from gateway.http2.header_codec import encode_block, encode_literal
+from tests.support.memory_transport import MemoryTransport
 
 
 def test_header_blocks_decode_to_the_same_fields():
@@ -99,26 +100,6 @@ def test_scanner_does_not_see_the_watch_byte_in_other_messages():
 
 
 # --- two connections wired back to back in memory --------------------------------------------
-
-
-class MemoryTransport:
-    """Delivers writes to the peer protocol on the next loop iteration, like a socket would."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.peer: Http2Connection | None = None
-        self.frames: list[tuple[int, int, int, bytes]] = []
-        self.is_closing = False
-
-    def write(self, data: bytes) -> None:
-        assert self.peer is not None
-        self.loop.call_soon(self.peer.data_received, bytes(data))
-
-    def close(self) -> None:
-        self.is_closing = True
-
-    def get_extra_info(self, name: str, default=None):
-        return default
 
 
 class Recorder(Stream):
