@@ -158,6 +158,7 @@ def test_bad_flags_exit_2_with_one_sentence(argv: list[str], message: str, capsy
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_a_quick_real_run_of_the_gateway_bench_through_the_report(tmp_path: Path) -> None:
     out = tmp_path / "docs"
     command = [

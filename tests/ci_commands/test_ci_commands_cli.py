@@ -89,6 +89,7 @@ def test_serve_needs_a_webhook_secret(fake_api: FakeApi, capsys: pytest.CaptureF
     assert "CI_COMMANDS_WEBHOOK_SECRET" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_python_dash_m_runs_the_workflow_command(fake_api: FakeApi, event_file: Callable[..., Path]) -> None:
     fake_api.add_pull(42)
     fake_api.add_build(1, "alice:feature-x", "running", pr=42)

@@ -46,6 +46,7 @@ def test_every_panel_has_queries_on_the_datasource_variable() -> None:
         assert all(target["datasource"]["uid"] == "${datasource}" for target in panel["targets"]), panel["title"]
 
 
+@pytest.mark.e2e
 def test_every_query_is_valid_promql(tmp_path: Path) -> None:
     """promtool parses each query as a recording rule's expression ($__rate_interval is Grafana's)."""
     rules = [

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from dpgate.host import usable_cores
 from tests.support.processes import pinned_to_one_cpu
 
@@ -14,6 +16,7 @@ def test_usable_cores_is_the_affinity_mask():
     assert usable_cores() == len(os.sched_getaffinity(0))
 
 
+@pytest.mark.e2e
 def test_a_process_pinned_to_one_cpu_has_one_usable_core():
     child = subprocess.run(
         [sys.executable, "-c", "from dpgate.host import usable_cores; print(usable_cores())"],

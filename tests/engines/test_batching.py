@@ -72,6 +72,7 @@ def alone(loaded, *args, **kwargs) -> list:
     return run_to_completion(engine)["solo"]
 
 
+@pytest.mark.e2e  # runs SmolLM2
 def test_greedy_and_seeded_outputs_are_the_same_alone_and_in_a_mixed_batch_of_16(smollm2):
     rng = random.Random(0)
     prompts = [[rng.randrange(100, 40000) for _ in range(rng.randrange(3, 60))] for _ in range(16)]
@@ -93,6 +94,7 @@ def test_greedy_and_seeded_outputs_are_the_same_alone_and_in_a_mixed_batch_of_16
         assert sampled[request_id] == alone(smollm2, prompt, max_tokens, temperature, seed), request_id
 
 
+@pytest.mark.e2e  # runs SmolLM2
 @pytest.mark.parametrize("budget", [1, 7, 16, 64, 300])
 def test_a_prompt_gives_the_same_bits_however_its_prefill_is_chunked(smollm2, budget):
     """A 300-token prompt prefilled under a token budget of 1, 7, 16, 64 or 300 per step, beside
@@ -129,6 +131,7 @@ def test_every_block_is_free_after_200_requests_with_100_cancelled_at_random_poi
     assert not engine.scheduler.running and not engine.scheduler.waiting
 
 
+@pytest.mark.e2e  # runs SmolLM2
 def test_a_tiny_cache_forces_preemptions_and_outputs_stay_the_same(smollm2):
     rng = random.Random(2)
     specs = [(f"p{i}", [rng.randrange(100, 40000) for _ in range(rng.randrange(10, 30))], 24) for i in range(6)]

@@ -152,6 +152,7 @@ def test_default_keepalive_accepts_a_client_pinging_every_10_seconds():
     assert GatewayConfig(engines=()).min_client_ping_interval_s <= 10
 
 
+@pytest.mark.e2e
 def test_the_real_command_line_exits_2():
     result = subprocess.run(
         [PYTHON, "-m", "dpgate.cli", "gateway", "--engine", "127.0.0.1:1", "--drain-grace", "99"],
@@ -164,6 +165,7 @@ def test_the_real_command_line_exits_2():
     )
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("flag", ["--port", "--metrics-port"])
 def test_a_port_in_use_exits_2_naming_the_flag(flag):
     with socket.socket() as taken:

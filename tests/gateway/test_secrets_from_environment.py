@@ -29,6 +29,7 @@ from tests.support.health import poll_until_serving
 KEY = "env-key-7f3a"
 
 
+@pytest.mark.e2e
 def test_api_keys_from_the_environment_end_to_end(tmp_path: Path, log_dir: Path, monkeypatch) -> None:
     config = tmp_path / "gateway.toml"
     config.write_text("max-message-bytes = 2048\nlog-json = true\n")
@@ -92,6 +93,7 @@ def tls_config(cert: Path, key: Path, password: str | None) -> GatewayConfig:
     )
 
 
+@pytest.mark.e2e
 def test_an_encrypted_tls_key_loads_with_its_password(encrypted_pair) -> None:
     cert, key = encrypted_pair
     assert tls_context(validate_config(tls_config(cert, key, "s3cret"))) is not None

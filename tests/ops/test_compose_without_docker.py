@@ -13,11 +13,14 @@ import os
 from pathlib import Path
 
 import grpc
+import pytest
 
 from dpgate.v1 import control_pb2, control_pb2_grpc
 from tests.ops.container_files import list_form, read_compose, read_dockerfile
 from tests.ops.local_stack import local_stack
 from tests.support.gateway_processes import generate_request, inference_stub, scrape, wait_ranks
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
 
 RANK_KEY = "x-data-parallel-rank"
 

@@ -82,6 +82,7 @@ def serving_port() -> int:
     server.stop(None)
 
 
+@pytest.mark.e2e
 def test_the_image_health_check_runs(serving_port: int, tmp_path: Path) -> None:
     """The HEALTHCHECK line itself, run by sh with the image's ENV and a `dpgate` on PATH."""
     launcher = tmp_path / "dpgate"

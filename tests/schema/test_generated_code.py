@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from google.protobuf import descriptor_pb2
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,6 +23,7 @@ def protoc(*args: str) -> None:
     subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT)
 
 
+@pytest.mark.e2e
 def test_protoc_reproduces_the_committed_files_byte_for_byte(tmp_path):
     protoc(f"--python_out={tmp_path}", f"--pyi_out={tmp_path}", f"--grpc_python_out={tmp_path}")
     produced = sorted(p.name for p in (tmp_path / "dpgate" / "v1").iterdir())
@@ -72,6 +74,7 @@ def undocumented_elements(tmp_path: Path) -> list[str]:
     return missing
 
 
+@pytest.mark.e2e
 def test_every_schema_element_has_a_documentation_comment(tmp_path):
     assert undocumented_elements(tmp_path) == []
 

@@ -83,6 +83,7 @@ def test_absent_address_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.startswith(f"{address}: not reachable (UNAVAILABLE: ") and out.count("\n") == 1
 
 
+@pytest.mark.e2e
 def test_tls_and_mutual_tls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ca = make_ca(tmp_path, "ca")
     server_pair = make_signed(tmp_path, "server", ca, "serverAuth")
@@ -121,6 +122,7 @@ def test_bad_flags_exit_2(flags: tuple[str, ...], message: str, capsys: pytest.C
     assert err.startswith(f"dpgate health: error: {message}") and err.count("\n") == 1, err
 
 
+@pytest.mark.e2e
 def test_command_runs_without_torch(server_address: str) -> None:
     """The probe runs every few seconds in each container: it must not pay for importing torch."""
     code = (

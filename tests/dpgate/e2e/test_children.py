@@ -6,9 +6,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from dpgate.e2e.children import start, stop_all
 from dpgate.e2e.plan import ChildSpec
 from tests.dpgate.e2e.support import process_gone
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
 
 
 def spec(tmp_path: Path, name: str, *argv: str) -> ChildSpec:

@@ -40,6 +40,7 @@ def test_bad_names_and_prefixes_are_refused() -> None:
             NetnsHosts().setup(["engine 0"])
 
 
+@pytest.mark.e2e
 @needs_netns
 def test_setup_makes_prefixed_names_and_teardown_leaves_nothing() -> None:
     before = ip_names()
@@ -67,6 +68,7 @@ def test_setup_makes_prefixed_names_and_teardown_leaves_nothing() -> None:
     assert ip_names() == before
 
 
+@pytest.mark.e2e
 @needs_netns
 def test_two_runs_side_by_side_get_their_own_names_and_subnets() -> None:
     first, second = NetnsHosts(), NetnsHosts()
@@ -81,6 +83,7 @@ def test_two_runs_side_by_side_get_their_own_names_and_subnets() -> None:
         second.teardown()
 
 
+@pytest.mark.e2e
 @needs_netns
 def test_a_failed_setup_removes_what_it_made_and_nothing_else() -> None:
     hosts = NetnsHosts()
@@ -96,6 +99,7 @@ def test_a_failed_setup_removes_what_it_made_and_nothing_else() -> None:
         subprocess.run(["ip", "link", "delete", squatter], check=True)
 
 
+@pytest.mark.e2e
 @needs_netns
 def test_hosts_reach_each_other_and_the_runner_reaches_every_host() -> None:
     hosts = NetnsHosts()
@@ -114,6 +118,7 @@ def test_hosts_reach_each_other_and_the_runner_reaches_every_host() -> None:
         hosts.teardown()
 
 
+@pytest.mark.e2e
 @needs_netns
 def test_cut_drops_packets_silently_and_heal_restores_the_link() -> None:
     hosts = NetnsHosts()

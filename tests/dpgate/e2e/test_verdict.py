@@ -75,6 +75,7 @@ def test_the_sentinel_is_replaced_whole(tmp_path: Path) -> None:
     assert [entry.name for entry in tmp_path.iterdir()] == ["result.json"]  # no temporary file left
 
 
+@pytest.mark.e2e
 def test_a_crash_before_the_rename_leaves_the_old_sentinel(tmp_path: Path) -> None:
     """The writer is killed (os._exit) at the moment it would rename: the old sentinel is intact."""
     path = tmp_path / "result.json"

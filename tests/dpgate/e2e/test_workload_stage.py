@@ -67,6 +67,7 @@ def test_a_hanging_workload_is_abandoned_at_its_budget(tmp_path: Path) -> None:
     assert [workload.result.name for workload in record.workloads] == [f"{SAMPLES}:hangs"]  # the rest not run
 
 
+@pytest.mark.e2e
 def test_a_child_that_dies_during_a_workload_is_engine_failed(tmp_path: Path) -> None:
     settings = RunSettings(Topology(dp=1), "local", (), Budgets(), tmp_path)
     spec = make_plan(settings, LocalHosts()).engines[0]

@@ -28,6 +28,8 @@ from engines.serving.async_engine import AsyncEngine
 from engines.serving.request_builder import ModelLimits, build_sequence
 from tests.engines.kernel_choice import load_with_kernels
 
+pytestmark = pytest.mark.e2e  # every test here runs SmolLM2
+
 MAX_MODEL_LEN = 1024
 CHAT = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 

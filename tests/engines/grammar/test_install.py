@@ -8,6 +8,7 @@ import importlib.metadata
 import subprocess
 import sys
 
+import pytest
 from packaging.requirements import Requirement
 
 XGRAMMAR_VERSION = "0.2.9"
@@ -82,6 +83,7 @@ print("ok")
 """
 
 
+@pytest.mark.e2e
 def test_everything_dpgate_uses_of_xgrammar_works_without_triton():
     done = subprocess.run([sys.executable, "-c", USES], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

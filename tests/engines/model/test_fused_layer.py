@@ -52,6 +52,7 @@ def logits_of(loaded, fused: bool) -> list[torch.Tensor]:
     "model, quantization",
     [("smollm2-135m-instruct", "int8"), ("smollm2-135m-instruct", "gguf"), ("gemma3-270m", "int8")],
 )
+@pytest.mark.e2e
 def test_the_fused_layer_gives_the_module_paths_bits(model, quantization):
     loaded = served(model, quantization)
     assert all(layer.fused is not None for layer in loaded.model.layers), "the served default runs fused"

@@ -27,6 +27,8 @@ from engines.runner.model_runner import ModelRunner
 from engines.serving.request_builder import ModelLimits, build_sequence
 from tests.engines.kernel_choice import load_with_kernels
 
+pytestmark = pytest.mark.e2e  # every test here loads Gemma 3 (and transformers' reference of it)
+
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",

@@ -11,7 +11,11 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from engines import kernels
+
+pytestmark = pytest.mark.e2e  # every test here starts a process
 
 # torch's own dispatch level for each kernel instruction set ("default" is its baseline code).
 ATEN_CAPABILITY = {"avx512": "avx512", "avx2": "avx2", "scalar": "default"}

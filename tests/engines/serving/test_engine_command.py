@@ -10,6 +10,8 @@ import pytest
 from tests.support.gguf_files import cut_short, write_one_tensor_gguf
 from tests.support.processes import dpgate_command, free_port, pinned_to_one_cpu
 
+pytestmark = pytest.mark.e2e  # every test here starts a process
+
 
 def run_engine(*flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(dpgate_command("engine", *flags), capture_output=True, text=True, timeout=60)

@@ -37,6 +37,7 @@ def smollm2():
     return resolve_model("smollm2-135m-instruct")
 
 
+@pytest.mark.e2e
 def test_smollm2_serves_every_linear_layer_from_its_blocks_with_the_dequantized_bits_batch_invariantly(smollm2):
     served = load_with_kernels(smollm2, "batch-invariant", quantization="gguf")
     linears = [m for m in served.model.modules() if isinstance(m, KernelLinear)]

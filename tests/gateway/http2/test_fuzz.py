@@ -14,6 +14,8 @@ import re
 import subprocess
 import time
 
+import pytest
+
 from tests.gateway.http2 import fuzz_target as http2_fuzz
 from tests.support.gateway_processes import PYTHON, ROOT
 
@@ -47,6 +49,7 @@ def test_random_inputs_pass():
         http2_fuzz.run_input(rng.randbytes(rng.randint(0, 400)))
 
 
+@pytest.mark.e2e
 def test_atheris_finds_nothing_in_100_000_inputs(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
