@@ -28,6 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "e2e": ("dpgate.e2e.command", "run a topology end to end in stages (preflight .. verdict) and write a sentinel"),
 }
 # The long-running commands also read their flags from a TOML file (dpgate/config_file.py).
+# Packages a command needs that only an extra installs: a gateway host leaves the e2e runner's out.
+EXTRA_PACKAGES = {"hypothesis": "e2e", "jsonschema": "e2e"}
 CONFIG_FILE_COMMANDS = frozenset({"serve", "engine", "gateway"})
 
 
@@ -54,7 +56,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         top_level_parser().parse_args(argv[:1])  # prints help/version or exits 2 naming the command
         return 2
     name, rest = argv[0], argv[1:]
-    module, parser = command_parser(name)
+    try:
+        module, parser = command_parser(name)
+    except ModuleNotFoundError as error:
+        extra = EXTRA_PACKAGES.get((error.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"dpgate {name}: needs the '{extra}' extra ({error.name} is not installed): "
+              f"pip install 'dpgate[{extra}]'", file=sys.stderr)  # fmt: skip
+        return 2
     args = parse_args_with_config(parser, rest) if name in CONFIG_FILE_COMMANDS else parser.parse_args(rest)
     return int(module.run(args) or 0)
 
