@@ -33,7 +33,7 @@ TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 CANDIDATES = ("aiohttp", "aiohttp-lowlevel", "uvicorn-starlette", "uvicorn-asgi")
 BODY = b'{"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8}'
 
-SERVER = r'''
+SERVER = r"""
 import asyncio, json, socket, sys
 import uvloop
 
@@ -97,7 +97,7 @@ async def main():
     await asyncio.Event().wait()
 
 uvloop.run(main())
-'''
+"""
 
 
 def process_cpu_seconds(pid: int) -> float:
