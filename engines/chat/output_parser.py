@@ -322,3 +322,22 @@ def _merge(pieces: list[ChatPiece]) -> list[ChatPiece]:
         else:
             merged.append(piece)
     return merged
+
+
+def drop_tool_calls_after(pieces: list[ChatPiece], num_seen: int, limit: int | None) -> tuple[list[ChatPiece], int]:
+    """`pieces` without the tool calls past the first `limit` of the request (None: no limit).
+
+    `num_seen` is how many calls earlier pieces held; returns the kept pieces and the new count.
+    It is how `parallel_tool_calls` false reads under tool_choice AUTO, where no grammar holds the
+    model to one call: the first is the answer, later ones are not returned.
+    """
+    if limit is None:
+        return pieces, num_seen + sum(piece.kind == "tool_call" for piece in pieces)
+    kept = []
+    for piece in pieces:
+        if piece.kind == "tool_call":
+            num_seen += 1
+            if num_seen > limit:
+                continue
+        kept.append(piece)
+    return kept, num_seen

@@ -68,6 +68,7 @@ class ChatRun:
     sequence: Sequence
     thinking: bool  # the value the template rendered with; the parser starts from it
     parsing: ChatParsing  # the model's parsers, with parse_tools off when this request may not call tools
+    max_tool_calls: int | None = None  # 1 with parallel_tool_calls false; None: no limit
 
 
 def build_chat(
@@ -92,7 +93,7 @@ def build_chat(
     rendered = template.render(messages, wire_tools or None, kwargs)
     prompt_ids = list(tokenizer(rendered.text, add_special_tokens=False).input_ids)
     require(bool(prompt_ids), "messages must render to a prompt of at least one token")
-    sequence = build_sequence(_generate_request(request, prompt_ids), limits, tokenizer)
+    sequence = build_sequence(_generate_request(request, prompt_ids, limits.max_model_len), limits, tokenizer)
     if constrained and not parsing.parse_tools:
         raise ToolCallsOffError(
             "tool_choice REQUIRED or a named tool needs tool-call parsing, which this engine has off "
@@ -102,7 +103,9 @@ def build_chat(
         from engines.chat.tool_grammar import tool_call_grammar  # imports xgrammar (2 s): not at start-up
 
         choice_name = choice.removeprefix("name:")
-        sequence.grammar_spec = tool_call_grammar(tools, choice_name, parsing.markers, thinking=rendered.thinking)
+        sequence.grammar_spec = tool_call_grammar(
+            tools, choice_name, parsing.markers, thinking=rendered.thinking, parallel=_parallel(request)
+        )
         require(
             bool(sequence.stop_token_ids),
             "tool_choice REQUIRED or a named tool needs a token that ends the output: with stopping.ignore_eos "
@@ -110,7 +113,7 @@ def build_chat(
         )
     may_call = bool(tools) and choice != "none"
     request_parsing = ChatParsing(parsing.markers, parsing.parse_reasoning, parsing.parse_tools and may_call)
-    return ChatRun(sequence, rendered.thinking, request_parsing)
+    return ChatRun(sequence, rendered.thinking, request_parsing, None if _parallel(request) else 1)
 
 
 def _message(index: int, message: generate_pb2.ChatMessage) -> dict[str, Any]:
@@ -190,12 +193,25 @@ def _kwargs(request: ChatLike) -> dict[str, Any] | None:
     return kwargs
 
 
-def _generate_request(request: ChatLike, prompt_ids: list[int]) -> generate_pb2.GenerateRequest:
-    """The GenerateRequest that runs the rendered prompt with the chat request's generation fields."""
+def _parallel(request: ChatLike) -> bool:
+    """parallel_tool_calls: absent means true (OpenAI's default)."""
+    return request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
+
+
+def _generate_request(request: ChatLike, prompt_ids: list[int], max_model_len: int) -> generate_pb2.GenerateRequest:
+    """The GenerateRequest that runs the rendered prompt with the chat request's generation fields.
+
+    Chat's default max_tokens is the rest of the context window, as OpenAI's and vLLM's chat is:
+    Generate's 16 would cut a tool call or an answer off mid-sentence. (A prompt that fills the
+    context keeps the field unset, so build_sequence refuses it with its own sentence.)
+    """
     generate = generate_pb2.GenerateRequest(
         request_id=request.request_id, model=request.model, token_ids=generate_pb2.TokenIds(ids=prompt_ids)
     )
     for name in ("sampling", "stopping", "structured_output", "logprobs"):
         if request.HasField(name):
             getattr(generate, name).CopyFrom(getattr(request, name))
+    room = max_model_len - len(prompt_ids)
+    if not generate.stopping.HasField("max_tokens") and room >= 1:
+        generate.stopping.max_tokens = room
     return generate

@@ -9,7 +9,15 @@ import random
 import pytest
 
 from engines.chat.markers import ChatMarkers, ChatParsing
-from engines.chat.output_parser import ChatOutputParser, ChatPiece, ParsedChat, ParsedToolCall, collect, parse_all
+from engines.chat.output_parser import (
+    ChatOutputParser,
+    ChatPiece,
+    ParsedChat,
+    ParsedToolCall,
+    collect,
+    drop_tool_calls_after,
+    parse_all,
+)
 
 WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 MARKERS = ChatMarkers()
@@ -305,3 +313,14 @@ def test_a_long_call_body_is_searched_once_not_again_per_chunk():
     pieces = parser.feed('"}}</tool_call>')
     assert len(pieces) == 1 and pieces[0].tool_call is not None
     assert json.loads(pieces[0].tool_call.arguments)["s"].startswith("abcdefgh</tool_cal")
+
+
+def test_calls_past_the_limit_are_dropped_across_steps_and_nothing_else_is():
+    first = ChatPiece("tool_call", tool_call=ParsedToolCall("call_0", "a", "{}"))
+    second = ChatPiece("tool_call", tool_call=ParsedToolCall("call_1", "b", "{}"))
+    text = ChatPiece("content", "hi")
+    kept, seen = drop_tool_calls_after([text, first], 0, 1)
+    assert (kept, seen) == ([text, first], 1)
+    kept, seen = drop_tool_calls_after([second, text], seen, 1)
+    assert (kept, seen) == ([text], 2)
+    assert drop_tool_calls_after([first, second], 0, None) == ([first, second], 2)
