@@ -123,11 +123,11 @@ class Connection:
         await self.reader.readexactly(length)
 
 
-async def connect(port: int) -> Connection:
+async def connect(port: int, path: str = "/v1/chat/completions", body: bytes = BODY) -> Connection:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     request = (
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        b"Content-Length: " + str(len(BODY)).encode() + b"\r\n\r\n" + BODY
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n".encode()
+        + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
     return Connection(reader, writer, request)
 
