@@ -185,14 +185,19 @@ def test_a_streamed_required_tool_call(client):
 def test_response_format_json_schema_is_followed(client):
     schema = {
         "type": "object",
-        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
+        "properties": {
+            "name": {"type": "string", "maxLength": 24},
+            "likes_cats": {"type": "boolean"},
+            "city": {"enum": ["Paris", "Rome", "Oslo"]},
+        },
+        "required": ["name", "likes_cats", "city"],
         "additionalProperties": False,
     }
     answer = client.chat.completions.create(
-        model="", messages=[{"role": "user", "content": "Invent a person."}], max_tokens=60, temperature=0,
+        model="", messages=[{"role": "user", "content": "Invent a person."}], max_tokens=200, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}},
     )  # fmt: skip
+    assert answer.choices[0].finish_reason == "stop", answer.choices[0].message.content
     jsonschema.validate(json.loads(answer.choices[0].message.content), schema)
 
 
