@@ -24,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDELLM = "guidellm==0.8.1"
+# guidellm pulls torch; unpinned, pip takes a CUDA build (gigabytes). dpgate's pin takes the CPU wheel.
+TORCH = "torch==2.13.0"
 MODEL = "smollm2-135m-instruct"
 
 
@@ -34,7 +36,7 @@ def tool_venv(cache: Path) -> Path:
     if not executable.exists():
         print(f"installing {GUIDELLM} into {venv} (once)", flush=True)
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", GUIDELLM], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", GUIDELLM, TORCH], check=True)
     return executable
 
 
