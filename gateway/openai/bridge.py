@@ -23,13 +23,16 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 import grpc
-import hpack
 
 from gateway.grpc_wire import MESSAGE_PREFIX_SIZE, ResponseStatus, frame_message, status_trailers
 from gateway.http2.connection import Headers
+from gateway.http2.header_codec import Decoder
 
 _PREFIX = struct.Struct(">BI")
 COMPRESSED_MESSAGE = "the engine sent a compressed message, which the HTTP API does not read"
+# The relay's trailers are plain literals (never indexed: gateway/http2/header_codec.py), so they
+# leave a decoder's dynamic table as it was: one decoder serves every call.
+_TRAILERS = Decoder()
 
 
 class CallOpener(Protocol):
@@ -83,8 +86,7 @@ class EngineCall:
         if self.is_finished:
             return
         self.is_finished = True
-        # The gateway encodes its trailers as plain literals: a fresh decoder reads them.
-        self._status = ResponseStatus.read(hpack.Decoder().decode(trailers, raw=True))
+        self._status = ResponseStatus.read(_TRAILERS.decode(trailers, raw=True))
         self._queue.put_nowait(None)
 
     def refuse(self, code: grpc.StatusCode, message: str) -> None:
