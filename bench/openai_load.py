@@ -5,7 +5,8 @@ directory (never into dpgate's venv: its pins must not move dpgate's). It makes 
 of a set token length with the model's tokenizer, which it takes from a local folder: this script
 writes SmolLM2's tokenizer there from the packaged GGUF (transformers reads GGUF tokenizers), so
 nothing is downloaded but guidellm itself. Then it starts `dpgate serve` (HTTP on a free port),
-waits for /health, and runs `guidellm benchmark` at a fixed concurrency for a number of requests;
+waits for /health, and runs `guidellm run` (guidellm 0.8's command; options as `kind=...,key=value`)
+at a fixed concurrency for a number of requests;
 guidellm's own report (a table on stdout, and JSON with --output) is what it prints.
 
     python bench/openai_load.py                                   # 4 concurrent, 32 requests
@@ -74,6 +75,7 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=64)
+    parser.add_argument("--port", type=int, default=0, help="gRPC port of dpgate serve (default: a free one)")
     parser.add_argument("--output", type=Path, help="guidellm's JSON report (default: in the cache directory)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -93,14 +95,17 @@ def main() -> int:
     try:
         wait_healthy(http_port, serve)
         command = [
-            str(guidellm), "benchmark", "--target", f"http://127.0.0.1:{http_port}", "--model", MODEL,
-            "--processor", str(processor), "--rate-type", "concurrent", "--rate", str(args.concurrency),
-            "--max-requests", str(args.requests),
-            "--data", f"prompt_tokens={args.prompt_tokens},output_tokens={args.output_tokens}",
-            "--output-path", str(output),
+            str(guidellm), "run",
+            "--backend", f"kind=openai_http,target=http://127.0.0.1:{http_port},model={MODEL}",
+            "--tokenizer", f"kind=huggingface_auto,model={processor}",
+            "--profile", f"kind=concurrent,streams={args.concurrency}",
+            "--constraint", f"kind=max_requests,count={args.requests}",
+            "--data", f"kind=synthetic_text,prompt_tokens={args.prompt_tokens},output_tokens={args.output_tokens}",
+            "--output", "kind=console", "--output", f"kind=json,path={output}",
+            "--disable-console-interactive",
         ]  # fmt: skip
         print(" ".join(command), flush=True)
-        result = subprocess.run(command, env=dict(os.environ, GUIDELLM__MAX_CONCURRENCY=str(args.concurrency)))
+        result = subprocess.run(command, env={key: value for key, value in os.environ.items() if key != "PYTHONPATH"})
         print(f"guidellm's report: {output}")
         return result.returncode
     finally:

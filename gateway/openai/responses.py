@@ -61,6 +61,11 @@ def usage(prompt_finishes: Sequence[generate_pb2.FinishInfo], finishes: Sequence
     return result
 
 
+def running_usage(num_prompt_tokens: int, num_generated_tokens: int) -> dict:
+    total = num_prompt_tokens + num_generated_tokens
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_generated_tokens, "total_tokens": total}
+
+
 # --- logprobs ---------------------------------------------------------------------------------
 
 
@@ -158,18 +163,25 @@ def text_completion(
 class ChatChunks:
     """One choice of a streamed chat: each ChatStreamResponse -> the `choices` entries to send."""
 
-    __slots__ = ("finish", "index", "logprobs", "num_tool_calls")
+    __slots__ = ("finish", "index", "logprobs", "num_generated_tokens", "num_prompt_tokens", "num_tool_calls")
 
     def __init__(self, index: int, logprobs: bool) -> None:
         self.index = index
         self.logprobs = logprobs
         self.num_tool_calls = 0
+        self.num_prompt_tokens = 0
+        self.num_generated_tokens = 0
         self.finish: generate_pb2.FinishInfo | None = None
+
+    def usage_so_far(self) -> dict:
+        """vLLM's continuous usage: this choice's counts up to the chunk being sent."""
+        return running_usage(self.num_prompt_tokens, self.num_generated_tokens)
 
     def feed(self, payload: bytes) -> list[dict]:
         message = generate_pb2.ChatStreamResponse.FromString(payload)
         event = message.WhichOneof("event")
         if event == "prompt_info":
+            self.num_prompt_tokens = len(message.prompt_info.prompt_token_ids)
             return [self._choice({"role": "assistant", "content": ""})]
         if event == "finish":
             self.finish = message.finish
@@ -177,6 +189,7 @@ class ChatChunks:
         if event != "delta":
             return []
         delta = message.delta
+        self.num_generated_tokens += len(delta.token_ids)
         kind = delta.WhichOneof("kind")
         if kind == "content":
             body: dict[str, Any] = {"content": delta.content}
@@ -204,18 +217,26 @@ class ChatChunks:
 class CompletionChunks:
     """One choice of a streamed completion: each GenerateStreamResponse -> `choices` entries."""
 
-    __slots__ = ("finish", "index", "logprobs")
+    __slots__ = ("finish", "index", "logprobs", "num_generated_tokens", "num_prompt_tokens")
 
     def __init__(self, index: int, logprobs: bool) -> None:
         self.index = index
         self.logprobs = logprobs
+        self.num_prompt_tokens = 0
+        self.num_generated_tokens = 0
         self.finish: generate_pb2.FinishInfo | None = None
+
+    def usage_so_far(self) -> dict:
+        return running_usage(self.num_prompt_tokens, self.num_generated_tokens)
 
     def feed(self, payload: bytes) -> list[dict]:
         message = generate_pb2.GenerateStreamResponse.FromString(payload)
         event = message.WhichOneof("event")
+        if event == "prompt_info":
+            self.num_prompt_tokens = len(message.prompt_info.prompt_token_ids)
         if event == "delta":
             delta = message.delta
+            self.num_generated_tokens += len(delta.token_ids)
             logprobs = completion_logprobs(delta.logprobs) if self.logprobs else None
             return [{"index": self.index, "text": delta.text, "logprobs": logprobs, "finish_reason": None}]
         if event == "finish":

@@ -80,7 +80,10 @@ async def stream_choices(
                         failed = status
                     continue
                 for choice in choices[index].feed(item):
-                    out += event({**head, "choices": [choice]})
+                    if plan.continuous_usage:
+                        out += event({**head, "choices": [choice], "usage": choices[index].usage_so_far()})
+                    else:
+                        out += event({**head, "choices": [choice]})
             if failed is not None or num_ended == len(calls):
                 break
             if out:

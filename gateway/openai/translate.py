@@ -55,6 +55,7 @@ class Plan:
     n: int = 1
     include_usage: bool = False
     logprobs: bool = False
+    continuous_usage: bool = False  # vLLM's stream_options.continuous_usage_stats: usage in every chunk
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -63,7 +64,7 @@ class Plan:
 
 def chat_plan(body: Any) -> Plan:
     fields = Fields(body)
-    stream, include_usage = _stream(fields)
+    stream, include_usage, continuous = _stream(fields)
     request = generate_pb2.ChatStreamRequest() if stream else generate_pb2.ChatRequest()
     model = fields.take_str("model") or ""
     request.model = model
@@ -86,7 +87,7 @@ def chat_plan(body: Any) -> Plan:
     fields.refuse_rest()
     payload = request.SerializeToString()
     path = f"{_SERVICE}{'ChatStream' if stream else 'Chat'}".encode()
-    return Plan(path, [payload] * n, stream, model, n, include_usage, logprobs)
+    return Plan(path, [payload] * n, stream, model, n, include_usage, logprobs, continuous)
 
 
 def _message(index: int, value: Any) -> generate_pb2.ChatMessage:
@@ -222,7 +223,7 @@ def _template_kwargs(fields: Fields, request: generate_pb2.ChatRequest | generat
 
 def completion_plan(body: Any) -> Plan:
     fields = Fields(body)
-    stream, include_usage = _stream(fields)
+    stream, include_usage, continuous = _stream(fields)
     model = fields.take_str("model") or ""
     prompts = _prompts(fields)
     template = generate_pb2.GenerateStreamRequest() if stream else generate_pb2.GenerateRequest()
@@ -250,7 +251,7 @@ def completion_plan(body: Any) -> Plan:
             request.token_ids.ids.extend(prompt)
         requests.extend([request.SerializeToString()] * n)
     path = f"{_SERVICE}{'GenerateStream' if stream else 'Generate'}".encode()
-    return Plan(path, requests, stream, model, n, include_usage, top is not None)
+    return Plan(path, requests, stream, model, n, include_usage, top is not None, continuous)
 
 
 def _prompts(fields: Fields) -> list[str | list[int]]:
@@ -277,16 +278,18 @@ def _is_token_id(value: Any) -> bool:
 # --- shared by both endpoints -----------------------------------------------------------------
 
 
-def _stream(fields: Fields) -> tuple[bool, bool]:
+def _stream(fields: Fields) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous_usage_stats)."""
     stream = bool(fields.take_bool("stream"))
     options = fields.take_object("stream_options")
-    include_usage = False
+    include_usage = continuous = False
     if options is not None:
         if not stream:
             raise RequestError("stream_options is only allowed with stream set to true", "stream_options")
         include_usage = bool(options.take_bool("include_usage"))
+        continuous = bool(options.take_bool("continuous_usage_stats"))
         options.refuse_rest()
-    return stream, include_usage
+    return stream, include_usage, continuous
 
 
 def _sampling(fields: Fields, sampling: generate_pb2.SamplingParams) -> None:

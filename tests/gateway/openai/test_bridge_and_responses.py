@@ -128,3 +128,10 @@ def test_stream_messages_become_chunks_with_logprobs_as_token_ids():
     assert chunks.feed(markup.SerializeToString())[0]["delta"] == {}
     end = pb.ChatStreamResponse(finish=pb.FinishInfo(reason=pb.FINISH_REASON_LENGTH))
     assert chunks.feed(end.SerializeToString())[0]["finish_reason"] == "length"
+
+
+def test_a_streamed_completion_counts_its_tokens_for_continuous_usage():
+    chunks = responses.CompletionChunks(0, logprobs=False)
+    chunks.feed(pb.GenerateStreamResponse(prompt_info=pb.PromptInfo(prompt_token_ids=[1, 2, 3])).SerializeToString())
+    chunks.feed(pb.GenerateStreamResponse(delta=pb.Delta(text="ab", token_ids=[4, 5])).SerializeToString())
+    assert chunks.usage_so_far() == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}

@@ -172,3 +172,9 @@ def test_a_body_that_is_not_an_object_is_refused():
 def test_explicit_nulls_count_as_absent():
     request = chat(temperature=None, stop=None, tools=None, user=None)
     assert not request.sampling.HasField("temperature") and not request.stopping.stop
+
+
+def test_vllms_continuous_usage_stats_is_taken_with_streams():
+    plan = chat_plan({"messages": [HI], "stream": True, "stream_options": {"include_usage": True,
+                      "continuous_usage_stats": True}})  # fmt: skip
+    assert plan.continuous_usage and plan.include_usage
