@@ -72,8 +72,7 @@ class _Refused(asyncio.Protocol):
             "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
             f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
         )
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(head.encode() + body)
+        transport.write(head.encode() + body)  # type: ignore[attr-defined]  (uvloop's TCP transport)
         transport.close()
 
 
@@ -178,6 +177,11 @@ class OpenAIServer:
             headers = self._call_headers(request, plan, request_id)
         except RequestError as problem:
             return error_response(error_for_request(problem), request_id)
+        limit = self._config.max_message_bytes
+        if any(len(payload) > limit for payload in plan.requests):
+            # The relay would answer RESOURCE_EXHAUSTED, which reads as 429 (retry later): it is too large.
+            message = f"the request is larger than the gateway's message limit of {limit} bytes (--max-message-bytes)"
+            return error_response(error(413, message), request_id)
         model = plan.model or self._default_model()
         calls = [EngineCall(headers) for _ in plan.requests]
         try:
