@@ -160,6 +160,12 @@ def wire_piece(piece: ChatPiece) -> generate_pb2.ChatDelta:
     return generate_pb2.ChatDelta(tool_call=wire_tool_call(piece.tool_call))
 
 
+def log_dropped_calls(parser: ChatOutputParser) -> None:
+    """A tool call the model wrote but that did not parse is dropped from the answer: say so in the log."""
+    if parser.num_dropped_calls:
+        logger.warning("dropped %d tool call(s) that did not parse or never closed", parser.num_dropped_calls)
+
+
 def wire_tool_call(call: ParsedToolCall) -> generate_pb2.ToolCall:
     return generate_pb2.ToolCall(id=call.id, name=call.name, arguments=call.arguments)
 
@@ -246,6 +252,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
                 response.finish.CopyFrom(finish_info(output))
         parser = self._parser(runs[0])  # the streaming parser fed once: unary == streaming by construction
         pieces, _ = drop_tool_calls_after([*parser.feed(text), *parser.finish()], 0, runs[0].max_tool_calls)
+        log_dropped_calls(parser)
         parsed = collect(pieces)
         response.content = parsed.content
         response.reasoning_content = parsed.reasoning
@@ -271,6 +278,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             pieces = parser.feed(output.text) if output.text else []
             if output.finish_reason is not None:
                 pieces.extend(parser.finish())
+                log_dropped_calls(parser)
             pieces, num_tool_calls = drop_tool_calls_after(pieces, num_tool_calls, runs[0].max_tool_calls)
             deltas = [wire_piece(piece) for piece in pieces]
             if output.token_ids and not deltas:

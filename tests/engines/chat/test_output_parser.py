@@ -268,17 +268,18 @@ def test_the_accepted_tool_call_bodies(body, name, arguments):
         "",
     ],
 )
-def test_a_malformed_call_is_content_with_its_whole_text_and_no_call(body):
+def test_a_malformed_call_is_dropped_and_its_markup_never_reaches_content(body):
     text = f"<tool_call>\n{body}\n</tool_call>"
-    chat = parse_all("Before. " + text + " After.", thinking=False)
+    parser = ChatOutputParser(thinking=False)
+    chat = collect([*parser.feed("Before. " + text + " After."), *parser.finish()])
     assert chat.tool_calls == []
-    assert chat.content == "Before. " + text + "After."
+    assert chat.content == "Before. After." and parser.num_dropped_calls == 1
 
 
-def test_a_call_left_open_at_finish_is_content_with_its_marker():
+def test_a_call_left_open_at_finish_is_dropped():
     parser = ChatOutputParser(thinking=False)
     assert parser.feed('Calling <tool_call>\n{"name": "f", "argu') == [ChatPiece("content", "Calling ")]
-    assert parser.finish() == [ChatPiece("content", '<tool_call>\n{"name": "f", "argu')]
+    assert parser.finish() == [] and parser.num_dropped_calls == 1
 
 
 def test_a_malformed_call_does_not_use_up_an_id():
