@@ -62,6 +62,13 @@ def test_invalid_json_and_unknown_paths_are_openai_errors(gateway):
     assert status == 404 and body["error"]["type"] == "invalid_request_error"
 
 
+def test_a_bad_request_timeout_header_is_a_400_naming_it(gateway):
+    status, _, body = post(gateway.http_port, "/v1/completions", b'{"prompt": "hi"}', {"x-request-timeout": "soon"})
+    assert status == 400 and "x-request-timeout" in body["error"]["message"]
+    status, _, _ = post(gateway.http_port, "/v1/completions", b'{"prompt": "hi"}', {"x-request-timeout": "30"})
+    assert status == 200
+
+
 def test_health_and_models(gateway):
     connection = http.client.HTTPConnection("127.0.0.1", gateway.http_port, timeout=10)
     connection.request("GET", "/health")
