@@ -75,7 +75,6 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--port", type=int, default=0, help="gRPC port of dpgate serve (default: a free one)")
     parser.add_argument("--output", type=Path, help="guidellm's JSON report (default: in the cache directory)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
