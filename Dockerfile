@@ -1,6 +1,6 @@
 # dpgate: one image for the gateway and the engines (docs/containers.md).
 #   docker build -t dpgate .
-#   docker run --rm -p 50051:50051 dpgate                 # `dpgate serve`: a gateway and one engine
+#   docker run --rm -p 50051:50051 -p 8000:8000 dpgate    # `dpgate serve`: a gateway (gRPC, OpenAI HTTP) and one engine
 #   docker run --rm dpgate engine --host 0.0.0.0 ...      # or `gateway ...`: the parts alone (compose.yaml)
 # The build stage compiles the batch-invariant kernels with g++; the runtime stage has no compiler
 # and loads the library from the cache directory it copies (engines/kernels/build.py).
@@ -63,7 +63,7 @@ USER 10001:10001
 WORKDIR /home/dpgate
 
 # gRPC (gateway or `serve`), an engine's gRPC as compose.yaml runs it, and the metrics ports.
-EXPOSE 50051 50061 9400 9401
+EXPOSE 50051 8000 50061 9400 9401
 
 # The port checked is the container's own gRPC port: 50051 for `serve` and `gateway`; an engine's
 # container sets DPGATE_HEALTH_PORT to its --port (compose.yaml overrides the check likewise).

@@ -63,6 +63,7 @@ BENCHMARKS = (
     Benchmark("engine_vs_transformers", (), ("--tokens", "16", "--repeats", "1"), 120),
     Benchmark("dcp_scaling", (), ("--contexts", "512", "2048", "--steps", "2"), 60),
     Benchmark("gateway_overhead", (), ("--calls", "50", "--duration", "0.5", "--concurrency", "8"), 60),
+    Benchmark("http_overhead", (), ("--calls", "50", "--duration", "0.5", "--concurrency", "8"), 30),
     Benchmark("grammar_overhead", (), ("--rounds", "1", "--tokens", "24"), 45),
     Benchmark("startup", (), ("--runs", "1",), 65),
     # Written in another branch (issue 16); skipped with a line in the page where absent. --quick does
@@ -91,6 +92,8 @@ NOT_RUN = {
     "perplexity_gate": "an accuracy gate (dpgate e2e), not a performance figure",
     "quant_kernels": "an A/B of kernel choices for one issue; it writes no --json",
     "quant_serving": "an A/B of weight storages for one issue; it writes no --json",
+    "http_server_choice": "chose the HTTP server library once (docs/gateway.md); needs libraries not installed",
+    "openai_load": "runs guidellm, a peer's load tool installed in its own venv, against `dpgate serve`",
 }
 
 

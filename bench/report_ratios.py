@@ -128,6 +128,22 @@ def gateway_rows(record: dict) -> list[Row]:
     return rows
 
 
+def http_rows(record: dict) -> list[Row]:
+    """HTTP (dpgate's OpenAI API) against the gRPC path through the same gateway."""
+    results, cpu = record["results"], cpu_label(record["machine"])
+    paths = {name: {s["scenario"]: s for s in scenarios} for name, scenarios in results["paths"].items()}
+    http, grpc = paths["http"], paths["grpc"]
+    scenario = f"unary c={results['concurrency']}"
+    return [
+        Row("HTTP /v1/completions p50 at c=1", http["unary c=1"]["p50_ms"], "gRPC Generate",
+            grpc["unary c=1"]["p50_ms"], "ms", "lower", cpu),
+        Row(f"HTTP calls/s at {scenario.removeprefix('unary ')}", http[scenario]["per_second"], "gRPC Generate",
+            grpc[scenario]["per_second"], "calls/s", "higher", cpu),
+        Row(f"gateway CPU per HTTP call at {scenario.removeprefix('unary ')}", http[scenario]["cpu_us"],
+            "gRPC Generate", grpc[scenario]["cpu_us"], "us", "lower", cpu),
+    ]  # fmt: skip
+
+
 def grammar_rows(record: dict) -> list[Row]:
     results = record["results"]
     conditions = results["conditions"]
@@ -174,6 +190,7 @@ ROWS = {
     "engine_vs_transformers": engine_rows,
     "startup": startup_rows,
     "gateway_overhead": gateway_rows,
+    "http_overhead": http_rows,
     "grammar_overhead": grammar_rows,
     "dcp_scaling": dcp_rows,
 }

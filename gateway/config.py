@@ -110,6 +110,13 @@ class GatewayConfig:
     engine_addresses: tuple[tuple[str, int], ...] = field(default=(), compare=False)
     engine_dns_targets: tuple[tuple[str, int], ...] = field(default=(), compare=False)
     dns_server_address: tuple[str, int] | None = field(default=None, compare=False)
+    # The OpenAI HTTP API (docs/http-api.md): None serves none. Its limits: the request body, the
+    # request line and each header field, open connections, and a keep-alive connection's idle time.
+    http_port: int | None = None
+    http_max_body_bytes: int = 4 * 1024 * 1024
+    http_max_header_bytes: int = 16 * 1024
+    http_max_connections: int = 4096
+    http_idle_timeout_s: float = 75.0
 
     @property
     def is_tls(self) -> bool:
@@ -274,9 +281,7 @@ def _check_timing(config: GatewayConfig) -> None:
 
 def _check_limits(config: GatewayConfig) -> None:
     if not 1 <= config.max_message_bytes <= MAX_MESSAGE_BYTES_LIMIT:
-        raise ConfigError(
-            f"--max-message-bytes {config.max_message_bytes} must be in 1..{MAX_MESSAGE_BYTES_LIMIT}."
-        )
+        raise ConfigError(f"--max-message-bytes {config.max_message_bytes} must be in 1..{MAX_MESSAGE_BYTES_LIMIT}.")
     if config.max_in_flight is not None:
         _check_at_least_one(config.max_in_flight, "--max-in-flight")
     if config.policy not in POLICIES:
@@ -302,6 +307,22 @@ def _check_http2_limits(config: GatewayConfig) -> None:
     _check_positive(config.idle_timeout_s, "--idle-timeout")
 
 
+def _check_http(config: GatewayConfig) -> None:
+    if config.http_port is None:
+        return
+    _check_port(config.http_port, "--http-port", allow_zero=True)
+    if config.http_port != 0:
+        for port, flag in ((config.port, "--port"), (config.metrics_port, "--metrics-port")):
+            if port == config.http_port:
+                raise ConfigError(f"--http-port {config.http_port} must differ from {flag} {port}.")
+    _check_at_least_one(config.http_max_body_bytes, "--http-max-body-bytes")
+    low, high = HEADER_LIST_SIZE_RANGE
+    if not low <= config.http_max_header_bytes <= high:
+        raise ConfigError(f"--http-max-header-bytes {config.http_max_header_bytes} must be in {low}..{high}.")
+    _check_at_least_one(config.http_max_connections, "--http-max-connections")
+    _check_positive(config.http_idle_timeout_s, "--http-idle-timeout")
+
+
 def validate_config(config: GatewayConfig) -> GatewayConfig:
     """Check every rule; return the config with parsed engine addresses, or raise ConfigError."""
     _check_port(config.port, "--port", allow_zero=True)
@@ -311,6 +332,7 @@ def validate_config(config: GatewayConfig) -> GatewayConfig:
         _check_port(config.metrics_port, "--metrics-port", allow_zero=True)
         if config.metrics_port == config.port and config.port != 0:
             raise ConfigError(f"--metrics-port {config.metrics_port} must differ from --port {config.port}.")
+    _check_http(config)
     if not config.host:
         raise ConfigError("--host must not be empty.")
     addresses = _check_engines(config)
@@ -321,9 +343,7 @@ def validate_config(config: GatewayConfig) -> GatewayConfig:
     _check_timing(config)
     _check_limits(config)
     _check_http2_limits(config)
-    return replace(
-        config, engine_addresses=addresses, engine_dns_targets=dns_targets, dns_server_address=dns_server
-    )
+    return replace(config, engine_addresses=addresses, engine_dns_targets=dns_targets, dns_server_address=dns_server)
 
 
 def read_api_key_file(path: str) -> tuple[str, ...]:

@@ -126,9 +126,17 @@ class Forwarder:
         return request_id
 
     def _is_authorized(self, headers: CallHeaders) -> bool:
-        if len(headers.authorization) != 1:
+        return self.accepts_authorization(headers.authorization)
+
+    @property
+    def requires_api_key(self) -> bool:
+        return bool(self._accepted_keys)
+
+    def accepts_authorization(self, values: list[bytes]) -> bool:
+        """Whether one `authorization` value was sent and it is `Bearer KEY` for an accepted key."""
+        if len(values) != 1:
             return False
-        offered = headers.authorization[0]
+        offered = values[0]
         # Compare against every key (no early exit) so timing does not reveal which key matched.
         matches = [hmac.compare_digest(offered, accepted) for accepted in self._accepted_keys]
         return any(matches)

@@ -58,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--min-client-ping-interval", type=float, default=d.min_client_ping_interval_s,
         help="shortest accepted interval between client keepalive pings, seconds")
     add_limit_arguments(parser)
+    add_http_arguments(parser)
     add("--drain-grace", type=float, default=d.drain_grace_s,
         help="seconds between NOT_SERVING and refusing new calls on SIGTERM")
     add("--shutdown-timeout", type=float, default=d.shutdown_timeout_s,
@@ -94,6 +95,33 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
         help="most CONTINUATION frames in one header block")
     add("--max-resets-per-second", type=int, default=d.max_resets_per_second,
         help="rapid-reset guard: streams a client may cancel (or make the gateway reset) per second and in a burst")
+
+
+def add_http_arguments(parser: argparse.ArgumentParser, default_port: int | None = None) -> None:
+    """The OpenAI HTTP API's port and limits (shared with `dpgate serve`; docs/http-api.md)."""
+    d = _DEFAULTS
+    add = parser.add_argument
+    serves = "default: off" if default_port is None else f"default {default_port}; --no-http turns it off"
+    add("--http-port", type=int, default=default_port,
+        help=f"serve the OpenAI-compatible HTTP API on this port, 0 for a free one ({serves})")
+    add("--http-max-body-bytes", type=int, default=d.http_max_body_bytes, help="largest HTTP request body, bytes")
+    add("--http-max-header-bytes", type=int, default=d.http_max_header_bytes,
+        help="largest HTTP request line and header field, bytes")
+    add("--http-max-connections", type=int, default=d.http_max_connections,
+        help="most HTTP connections open at once; one more is answered 503")
+    add("--http-idle-timeout", type=float, default=d.http_idle_timeout_s,
+        help="seconds an idle keep-alive HTTP connection stays open")
+
+
+def http_from_args(args: argparse.Namespace) -> dict[str, int | float | None]:
+    """The GatewayConfig fields `add_http_arguments` fills (`--no-http`, where the command has it, wins)."""
+    return {
+        "http_port": None if getattr(args, "no_http", False) else args.http_port,
+        "http_max_body_bytes": args.http_max_body_bytes,
+        "http_max_header_bytes": args.http_max_header_bytes,
+        "http_max_connections": args.http_max_connections,
+        "http_idle_timeout_s": args.http_idle_timeout,
+    }
 
 
 def limits_from_args(args: argparse.Namespace) -> dict[str, int | float]:
@@ -136,6 +164,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         keepalive_timeout_s=args.keepalive_timeout,
         min_client_ping_interval_s=args.min_client_ping_interval,
         **limits_from_args(args),
+        **http_from_args(args),  # type: ignore[arg-type]
         drain_grace_s=args.drain_grace,
         shutdown_timeout_s=args.shutdown_timeout,
         health_interval_s=args.health_interval,
@@ -157,7 +186,8 @@ async def serve(config: GatewayConfig) -> None:
     gateway = GatewayServer(config)
     port = await gateway.start()
     metrics = f", metrics on {config.host}:{gateway.metrics_port}" if gateway.metrics_port is not None else ""
-    print(f"dpgate gateway listening on {config.host}:{port}{metrics}", flush=True)
+    http = f", OpenAI HTTP API on http://{config.host}:{gateway.http_port}" if gateway.http_port is not None else ""
+    print(f"dpgate gateway listening on {config.host}:{port}{metrics}{http}", flush=True)
     logger.info("forwarding to %s with policy %s", ", ".join(config.engines + config.engine_dns), config.policy)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -41,6 +41,7 @@ from gateway.engine_pool import EnginePool
 from gateway.forwarding import Forwarder
 from gateway.front_door import ClientConnection, listen
 from gateway.metrics import GatewayMetrics
+from gateway.openai.server import OpenAIServer
 from gateway.readiness import is_ready
 from gateway.routing import make_policy
 from gateway.status_table import INTERNAL_ERROR_MESSAGE
@@ -94,6 +95,9 @@ class GatewayServer:
         self._has_been_ready = False  # see gateway.readiness
         self._health_task: asyncio.Task | None = None
         self._discovery_task: asyncio.Task | None = None
+        self._is_ready = False  # the readiness health "" reports (the HTTP API's /health says the same)
+        self.http: OpenAIServer | None = None
+        self.http_port: int | None = None
 
     def _add_local_services(self) -> None:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.local_services)
@@ -115,12 +119,27 @@ class GatewayServer:
         self.forwarder.local_services = UpstreamLink("127.0.0.1", local_port)
         try:
             await self._bind()
+            await self._start_http()
         except ConfigError:
+            if self.front_door is not None:
+                self.front_door.close()
             await self.local_services.stop(grace=None)
             raise
         await self.pool.start()
         self._start_discovery()
         return self.port
+
+    async def _start_http(self) -> None:
+        """The OpenAI HTTP API (`--http-port`), its calls made through the same forwarder."""
+        if self.config.http_port is None:
+            return
+        self.http = OpenAIServer(self.forwarder, self.pool, self.config, lambda: self._is_ready)
+        try:
+            self.http_port = await self.http.start()
+        except OSError as error:
+            port = self.config.http_port
+            message = f"--http-port {port}: cannot bind {self.config.host}:{port} ({error.strerror})."
+            raise ConfigError(message) from None
 
     def _start_discovery(self) -> None:
         """Look up `--engine-dns` names in the background (a slow nameserver must not delay start)."""
@@ -154,13 +173,12 @@ class GatewayServer:
     def _on_engines_changed(self) -> None:
         pool = self.pool
         required = self.config.ready_data_parallel_size
-        ready = is_ready(
-            pool.routable_ranks(), pool.data_parallel_size, required, has_been_ready=self._has_been_ready
-        )
+        ready = is_ready(pool.routable_ranks(), pool.data_parallel_size, required, has_been_ready=self._has_been_ready)
         if ready and not self._has_been_ready:
             self._has_been_ready = True
             if required is not None:
                 logger.info("all %d data parallel ranks passed the handshake: health is SERVING", required)
+        self._is_ready = ready
         status = _SERVING if ready else _NOT_SERVING
         if self._health_task is not None and not self._health_task.done():
             self._health_task.cancel()
@@ -175,6 +193,7 @@ class GatewayServer:
         if self._is_draining:
             return
         self._is_draining = True
+        self._is_ready = False
         started = time.monotonic()
         logger.info("draining: health NOT_SERVING, grace %.1fs", self.config.drain_grace_s)
         await self.health.enter_graceful_shutdown()
@@ -193,6 +212,8 @@ class GatewayServer:
         if self.front_door is not None:
             self.front_door.close()
         self.forwarder.cancel_all()
+        if self.http is not None:
+            await self.http.stop()
         for connection in list(self.connections):
             connection.close()
         if self.forwarder.local_services is not None:

@@ -24,9 +24,10 @@ from dpgate.host import usable_cores
 from dpgate.logs import add_log_format_argument, configure_logging
 from dpgate.ports import free_port
 from gateway.config import ConfigError, GatewayConfig, api_keys_from_environment, validate_config
-from gateway.gateway_command import add_limit_arguments, limits_from_args
+from gateway.gateway_command import add_http_arguments, add_limit_arguments, http_from_args, limits_from_args
 
 logger = logging.getLogger("dpgate.serve")
+DEFAULT_HTTP_PORT = 8000
 ENGINE_STOP_TIMEOUT_S = 15.0
 
 
@@ -79,6 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tool-call-parser", help="engines' tool-call parser: hermes or none (default: by the model)")
     add_log_format_argument(parser, deprecated_json_flag=True)  # the gateway's and every engine's
     add_limit_arguments(parser)
+    add_http_arguments(parser, default_port=DEFAULT_HTTP_PORT)
+    add("--no-http", action="store_true", help="serve no OpenAI HTTP API (gRPC only)")
 
 
 def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
@@ -128,7 +131,8 @@ async def serve(config: GatewayConfig, processes: list[subprocess.Popen]) -> int
 
     gateway = GatewayServer(config)
     port = await gateway.start()
-    print(f"dpgate gateway listening on {config.host}:{port}", flush=True)
+    http = f", OpenAI HTTP API on http://{config.host}:{gateway.http_port}" if gateway.http_port is not None else ""
+    print(f"dpgate gateway listening on {config.host}:{port}{http}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -176,6 +180,7 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
             log_format=args.log_format,
             access_log=args.access_log,
             **limits_from_args(args),
+            **http_from_args(args),
             # Health says SERVING only once every engine started here passed the handshake.
             ready_data_parallel_size=args.data_parallel_size,
             # Engines load a model before answering; a short drain keeps Ctrl-C snappy.
@@ -201,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         ensure_bindable(config.host, config.port, "--port")  # before any engine is started
+        if config.http_port is not None:
+            ensure_bindable(config.host, config.http_port, "--http-port")
     except ConfigError as error:
         print(f"dpgate serve: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2

@@ -16,7 +16,8 @@ States and markers (reasoning markers only with `parse_reasoning`, tool-call mar
   JSON string may hold `<think>`). The body must be JSON `{"name": str, "arguments": object}`;
   "arguments" may be a JSON string holding an object, "parameters" is accepted for "arguments", and
   missing or null arguments mean `{}` (Hermes and Qwen variants write all of these). Anything else,
-  and a call still open at `finish`, becomes content: its whole original text, markers included.
+  and a call still open at `finish`, is dropped and counted (`num_dropped_calls`): raw tool-call
+  markup never reaches content, where an OpenAI client would show it to its user as the answer.
 Whitespace around markup: reasoning is trimmed at both ends (Qwen writes `<think>\n...\n</think>`);
 content loses the whitespace right after a marker (`</think>\n\n`, the newline after `</tool_call>`)
 and whitespace-only content before the first marker, so `</think>\n<tool_call>` leaves no content
@@ -90,6 +91,7 @@ class ChatOutputParser:
         self.state = _State.REASONING if thinking and parse_reasoning else _State.CONTENT
         self._id_prefix = f"call_{request_id[:16]}_" if request_id else "call_"
         self._num_tool_calls = 0
+        self.num_dropped_calls = 0  # tool calls that did not parse or never closed: not returned at all
         self._pending = ""  # text not yet looked at for markers (at most a marker's proper prefix between feeds)
         self._held_space = ""  # whitespace not yet emitted: dropped if a marker follows, emitted otherwise
         self._holds_leading = self.state is _State.CONTENT  # the output's content is whitespace so far
@@ -124,12 +126,12 @@ class ChatOutputParser:
         return self._take()
 
     def finish(self) -> list[ChatPiece]:
-        """The rest: held text, and an unclosed tool call as content (markers included)."""
+        """The rest: held text; an unclosed tool call is dropped."""
         if self._finished:
             return []
         self._finished = True
         if self.state is _State.TOOL_CALL:
-            self._emit_raw(self.markers.tool_call_start + self._body)
+            self._drop_call()
             self._body = ""
         else:
             self._emit_text(self._pending)
@@ -179,7 +181,7 @@ class ChatOutputParser:
         self._body, self._body_scanned = "", 0
         call = self._parse_call(body)
         if call is None:
-            self._emit_raw(self.markers.tool_call_start + body + end)
+            self._drop_call()
         else:
             self._out.append(ChatPiece("tool_call", tool_call=call))
         self.state = _State.CONTENT
@@ -216,9 +218,9 @@ class ChatOutputParser:
         if body:
             self._out.append(ChatPiece(self.state.value, body))
 
-    def _emit_raw(self, text: str) -> None:
-        """Content exactly as the model wrote it (a tool call that did not parse)."""
-        self._out.append(ChatPiece("content", text))
+    def _drop_call(self) -> None:
+        """A tool call that did not parse (or never closed): neither a call nor content."""
+        self.num_dropped_calls += 1
 
     def _parse_call(self, body: str) -> ParsedToolCall | None:
         parsed = parse_tool_call_body(body)
@@ -322,3 +324,22 @@ def _merge(pieces: list[ChatPiece]) -> list[ChatPiece]:
         else:
             merged.append(piece)
     return merged
+
+
+def drop_tool_calls_after(pieces: list[ChatPiece], num_seen: int, limit: int | None) -> tuple[list[ChatPiece], int]:
+    """`pieces` without the tool calls past the first `limit` of the request (None: no limit).
+
+    `num_seen` is how many calls earlier pieces held; returns the kept pieces and the new count.
+    It is how `parallel_tool_calls` false reads under tool_choice AUTO, where no grammar holds the
+    model to one call: the first is the answer, later ones are not returned.
+    """
+    if limit is None:
+        return pieces, num_seen + sum(piece.kind == "tool_call" for piece in pieces)
+    kept = []
+    for piece in pieces:
+        if piece.kind == "tool_call":
+            num_seen += 1
+            if num_seen > limit:
+                continue
+        kept.append(piece)
+    return kept, num_seen

@@ -43,11 +43,11 @@ _MAX_JSON_WHITESPACE = 1
 
 
 def tool_call_grammar(
-    tools: list[ToolSpec], choice: str, markers: ChatMarkers, *, thinking: bool = False
+    tools: list[ToolSpec], choice: str, markers: ChatMarkers, *, thinking: bool = False, parallel: bool = True
 ) -> GrammarSpec:
-    """An EBNF `GrammarSpec` of one or more calls of `tools` (choice "required") or of the tool
-    named `choice`. Raises InvalidToolError, naming the field, for a choice that names no tool or a
-    tool schema xgrammar cannot follow."""
+    """An EBNF `GrammarSpec` of one or more calls of `tools` (choice "required"; exactly one when
+    not `parallel`) or of the tool named `choice`. Raises InvalidToolError, naming the field, for a
+    choice that names no tool or a tool schema xgrammar cannot follow."""
     if not tools:
         raise InvalidToolError(f"tool_choice {choice} needs at least one tool in tools")
     if choice == REQUIRED:
@@ -59,8 +59,10 @@ def tool_call_grammar(
             raise InvalidToolError(f"tool_choice.tool_name {choice!r} is not one of the tools: {names}")
     tags = [_call_tag(tool, index, markers) for index, tool in chosen]
     calls: dict[str, Any]
-    if choice == REQUIRED:
+    if choice == REQUIRED and parallel:
         calls = {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}
+    elif choice == REQUIRED:  # parallel_tool_calls false: one call of any tool, then the grammar ends
+        calls = {"type": "or", "elements": tags} if len(tags) > 1 else tags[0]
     else:  # a named tool is one call of it, as OpenAI's named tool_choice: then the grammar ends, and so does the turn
         calls = tags[0]
     if thinking:

@@ -66,6 +66,7 @@ class ChatRun:
     sequence: Sequence
     thinking: bool  # the value the template rendered with; the parser starts from it
     parsing: ChatParsing  # the model's parsers, with parse_tools off when this request may not call tools
+    max_tool_calls: int | None = None  # 1 with parallel_tool_calls false; None: no limit
 
 
 def build_chat(
@@ -87,7 +88,9 @@ def build_chat(
     rendered = template.render(messages, wire_tools or None, kwargs)
     prompt_ids = list(tokenizer(rendered.text, add_special_tokens=False).input_ids)
     require(bool(prompt_ids), "messages must render to a prompt of at least one token")
-    sequence = assemble_sequence(request, prompt_ids, limits, tokenizer)
+    # Chat's default max_tokens is the rest of the context window, as OpenAI's and vLLM's chat is:
+    # Generate's 16 would cut a tool call or an answer off mid-sentence.
+    sequence = assemble_sequence(request, prompt_ids, limits, tokenizer, default_max_tokens=None)
     if constrained and not parsing.parse_tools:
         raise ToolCallsOffError(
             "tool_choice REQUIRED or a named tool needs tool-call parsing, which this engine has off "
@@ -97,7 +100,9 @@ def build_chat(
         from engines.chat.tool_grammar import tool_call_grammar  # imports xgrammar (2 s): not at start-up
 
         choice_name = choice.removeprefix("name:")
-        sequence.grammar_spec = tool_call_grammar(tools, choice_name, parsing.markers, thinking=rendered.thinking)
+        sequence.grammar_spec = tool_call_grammar(
+            tools, choice_name, parsing.markers, thinking=rendered.thinking, parallel=_parallel(request)
+        )
         require(
             bool(sequence.stop_token_ids),
             "tool_choice REQUIRED or a named tool needs a token that ends the output: with stopping.ignore_eos "
@@ -105,7 +110,7 @@ def build_chat(
         )
     may_call = bool(tools) and choice != "none"
     request_parsing = ChatParsing(parsing.markers, parsing.parse_reasoning, parsing.parse_tools and may_call)
-    return ChatRun(sequence, rendered.thinking, request_parsing)
+    return ChatRun(sequence, rendered.thinking, request_parsing, None if _parallel(request) else 1)
 
 
 def _message(index: int, message: generate_pb2.ChatMessage) -> dict[str, Any]:
@@ -183,3 +188,8 @@ def _kwargs(request: ChatLike) -> dict[str, Any] | None:
             f"chat_template_kwargs.{key} is not allowed: the server sets {key!r} itself",
         )
     return kwargs
+
+
+def _parallel(request: ChatLike) -> bool:
+    """parallel_tool_calls: absent means true (OpenAI's default)."""
+    return request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True

@@ -56,15 +56,20 @@ def check_model(model: str, limits: ModelLimits) -> None:
 
 
 def assemble_sequence(
-    request: GenerateLike | ChatLike, prompt_ids: list[int], limits: ModelLimits, tokenizer: Decoder
+    request: GenerateLike | ChatLike,
+    prompt_ids: list[int],
+    limits: ModelLimits,
+    tokenizer: Decoder,
+    default_max_tokens: int | None = DEFAULT_MAX_TOKENS,
 ) -> Sequence:
     """The Sequence that runs `prompt_ids` with the request's generation fields (sampling, stopping,
     structured_output, logprobs), every rule checked: Generate's path, and Chat's once it has
-    rendered its prompt, so the fields mean the same on both."""
+    rendered its prompt, so the fields mean the same on both. Without stopping.max_tokens the
+    output may run to `default_max_tokens` (None: the rest of the context window)."""
     grammar_spec = _grammar_spec(request) if request.HasField("structured_output") else None
     sampling = _sampling_params(request)
     sampling.validate(limits.vocab_size)
-    stopping = _stopping_params(request, room=limits.max_model_len - len(prompt_ids))
+    stopping = _stopping_params(request, room=limits.max_model_len - len(prompt_ids), default=default_max_tokens)
     stopping.validate(limits.vocab_size, len(prompt_ids), limits.max_model_len)
     stop_token_ids = set(stopping.stop_token_ids)
     if not stopping.ignore_eos:
@@ -145,11 +150,12 @@ def _sampling_params(request: GenerateLike | ChatLike) -> SamplingParams:
     )
 
 
-def _stopping_params(request: GenerateLike | ChatLike, room: int) -> StoppingParams:
-    """`room` is how many tokens fit after the prompt; the default max_tokens shrinks to it."""
+def _stopping_params(request: GenerateLike | ChatLike, room: int, default: int | None) -> StoppingParams:
+    """`room` is how many tokens fit after the prompt; the default max_tokens (None: all of the
+    room) shrinks to it."""
     wire = request.stopping
     return StoppingParams(
-        max_tokens=wire.max_tokens if wire.HasField("max_tokens") else min(DEFAULT_MAX_TOKENS, room),
+        max_tokens=wire.max_tokens if wire.HasField("max_tokens") else min(default or room, room),
         min_tokens=wire.min_tokens,
         stop=tuple(wire.stop),
         stop_token_ids=frozenset(wire.stop_token_ids),

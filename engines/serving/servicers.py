@@ -24,7 +24,13 @@ from dpgate.logs import request_id_var
 from dpgate.request_id import REQUEST_ID_KEY, resolve_request_id
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
 from engines.chat.markers import ChatParsing
-from engines.chat.output_parser import ChatOutputParser, ChatPiece, ParsedToolCall, collect
+from engines.chat.output_parser import (
+    ChatOutputParser,
+    ChatPiece,
+    ParsedToolCall,
+    collect,
+    drop_tool_calls_after,
+)
 from engines.chat.template import ChatTemplate, NoChatTemplateError
 from engines.sampling.params import InvalidRequestError
 from engines.sampling.tokens import SampledToken
@@ -155,6 +161,12 @@ def wire_piece(piece: ChatPiece) -> generate_pb2.ChatDelta:
     return generate_pb2.ChatDelta(tool_call=wire_tool_call(piece.tool_call))
 
 
+def log_dropped_calls(parser: ChatOutputParser) -> None:
+    """A tool call the model wrote but that did not parse is dropped from the answer: say so in the log."""
+    if parser.num_dropped_calls:
+        logger.warning("dropped %d tool call(s) that did not parse or never closed", parser.num_dropped_calls)
+
+
 def wire_tool_call(call: ParsedToolCall) -> generate_pb2.ToolCall:
     return generate_pb2.ToolCall(id=call.id, name=call.name, arguments=call.arguments)
 
@@ -240,7 +252,9 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             if output.finish_reason is not None:
                 response.finish.CopyFrom(finish_info(output))
         parser = self._parser(runs[0])  # the streaming parser fed once: unary == streaming by construction
-        parsed = collect([*parser.feed(text), *parser.finish()])
+        pieces, _ = drop_tool_calls_after([*parser.feed(text), *parser.finish()], 0, runs[0].max_tool_calls)
+        log_dropped_calls(parser)
+        parsed = collect(pieces)
         response.content = parsed.content
         response.reasoning_content = parsed.reasoning
         response.tool_calls.extend(wire_tool_call(call) for call in parsed.tool_calls)
@@ -256,6 +270,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             return runs[0].sequence
 
         parser: ChatOutputParser | None = None
+        num_tool_calls = 0
         async for seq, output in self._run("ChatStream", build, context):
             if parser is None:
                 parser = self._parser(runs[0])
@@ -264,6 +279,8 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             pieces = parser.feed(output.text) if output.text else []
             if output.finish_reason is not None:
                 pieces.extend(parser.finish())
+                log_dropped_calls(parser)
+            pieces, num_tool_calls = drop_tool_calls_after(pieces, num_tool_calls, runs[0].max_tool_calls)
             deltas = [wire_piece(piece) for piece in pieces]
             if output.token_ids and not deltas:
                 deltas.append(generate_pb2.ChatDelta())  # the step's tokens were only markup (or held back)

@@ -169,6 +169,8 @@ class GatewayProcess:
         line = read_line(self.process, "listening on", timeout=30)
         self.port = _port_after(line, "listening on ")
         self.metrics_port = _port_after(line, "metrics on ")
+        # With --http-port: the OpenAI HTTP API's port, from the same line.
+        self.http_port = _port_after(line, "HTTP API on http://") if "HTTP API on" in line else None
 
     @property
     def address(self) -> str:

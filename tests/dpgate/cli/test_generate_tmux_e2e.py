@@ -49,7 +49,7 @@ def quick_start_server(log_dir):
     port = free_port()
     log = open(log_dir / "quick-start-serve.log", "a")  # noqa: SIM115 (the child keeps it)
     serve = subprocess.Popen(
-        [PYTHON, "-m", "dpgate.cli", "serve", "--port", str(port)],
+        [PYTHON, "-m", "dpgate.cli", "serve", "--port", str(port), "--http-port", "0"],
         stdout=log, stderr=log, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )  # fmt: skip
     try:

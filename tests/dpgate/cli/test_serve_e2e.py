@@ -47,7 +47,7 @@ def test_serve_is_serving_only_once_every_rank_takes_pinned_calls(tiny_model_dir
     port = free_port()
     log = open(log_dir / "serve.log", "a")  # noqa: SIM115 (the child keeps it)
     serve = subprocess.Popen(
-        [PYTHON, "-m", "dpgate.cli", "serve", "--data-parallel-size", "2", "--port", str(port),
+        [PYTHON, "-m", "dpgate.cli", "serve", "--data-parallel-size", "2", "--port", str(port), "--http-port", "0",
          "--model", str(tiny_model_dir)],
         stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
     )  # fmt: skip

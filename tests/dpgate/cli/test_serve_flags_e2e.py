@@ -24,7 +24,7 @@ from tests.support.gateway_processes import PYTHON, ROOT, free_port
     ],
 )
 def test_serve_exits_2_when_its_engines_refuse_a_parallel_flag(flags, message):
-    command = [PYTHON, "-m", "dpgate.cli", "serve", "--port", str(free_port()), *flags]
+    command = [PYTHON, "-m", "dpgate.cli", "serve", "--port", str(free_port()), "--http-port", "0", *flags]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr

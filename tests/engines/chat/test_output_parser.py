@@ -9,7 +9,15 @@ import random
 import pytest
 
 from engines.chat.markers import ChatMarkers, ChatParsing
-from engines.chat.output_parser import ChatOutputParser, ChatPiece, ParsedChat, ParsedToolCall, collect, parse_all
+from engines.chat.output_parser import (
+    ChatOutputParser,
+    ChatPiece,
+    ParsedChat,
+    ParsedToolCall,
+    collect,
+    drop_tool_calls_after,
+    parse_all,
+)
 
 WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 MARKERS = ChatMarkers()
@@ -260,17 +268,18 @@ def test_the_accepted_tool_call_bodies(body, name, arguments):
         "",
     ],
 )
-def test_a_malformed_call_is_content_with_its_whole_text_and_no_call(body):
+def test_a_malformed_call_is_dropped_and_its_markup_never_reaches_content(body):
     text = f"<tool_call>\n{body}\n</tool_call>"
-    chat = parse_all("Before. " + text + " After.", thinking=False)
+    parser = ChatOutputParser(thinking=False)
+    chat = collect([*parser.feed("Before. " + text + " After."), *parser.finish()])
     assert chat.tool_calls == []
-    assert chat.content == "Before. " + text + "After."
+    assert chat.content == "Before. After." and parser.num_dropped_calls == 1
 
 
-def test_a_call_left_open_at_finish_is_content_with_its_marker():
+def test_a_call_left_open_at_finish_is_dropped():
     parser = ChatOutputParser(thinking=False)
     assert parser.feed('Calling <tool_call>\n{"name": "f", "argu') == [ChatPiece("content", "Calling ")]
-    assert parser.finish() == [ChatPiece("content", '<tool_call>\n{"name": "f", "argu')]
+    assert parser.finish() == [] and parser.num_dropped_calls == 1
 
 
 def test_a_malformed_call_does_not_use_up_an_id():
@@ -305,3 +314,14 @@ def test_a_long_call_body_is_searched_once_not_again_per_chunk():
     pieces = parser.feed('"}}</tool_call>')
     assert len(pieces) == 1 and pieces[0].tool_call is not None
     assert json.loads(pieces[0].tool_call.arguments)["s"].startswith("abcdefgh</tool_cal")
+
+
+def test_calls_past_the_limit_are_dropped_across_steps_and_nothing_else_is():
+    first = ChatPiece("tool_call", tool_call=ParsedToolCall("call_0", "a", "{}"))
+    second = ChatPiece("tool_call", tool_call=ParsedToolCall("call_1", "b", "{}"))
+    text = ChatPiece("content", "hi")
+    kept, seen = drop_tool_calls_after([text, first], 0, 1)
+    assert (kept, seen) == ([text, first], 1)
+    kept, seen = drop_tool_calls_after([second, text], seen, 1)
+    assert (kept, seen) == ([text], 2)
+    assert drop_tool_calls_after([first, second], 0, None) == ([first, second], 2)

@@ -53,8 +53,8 @@ def compiler(smollm2_tokenizer):
     compiler.shutdown()
 
 
-def matcher(compiler, choice="required", tools=TOOLS, thinking=False) -> RequestGrammar:
-    spec = tool_call_grammar(tools, choice, MARKERS, thinking=thinking)
+def matcher(compiler, choice="required", tools=TOOLS, thinking=False, parallel=True) -> RequestGrammar:
+    spec = tool_call_grammar(tools, choice, MARKERS, thinking=thinking, parallel=parallel)
     return RequestGrammar(compiler.submit(spec).result(), frozenset({EOS}), VOCAB_SIZE)
 
 
@@ -200,3 +200,11 @@ def test_a_schema_the_grammar_cannot_follow_is_refused_naming_its_tool(parameter
     message = str(raised.value)
     assert message.startswith("tools[1].parameters is not a JSON schema the tool-call grammar can follow: ")
     assert reason in message and ".cc:" not in message
+
+
+def test_required_without_parallel_calls_is_exactly_one_call_of_any_tool(compiler, smollm2_tokenizer):
+    for name, arguments in (("get_weather", {"city": "Paris"}), ("get-time", {})):
+        assert accepts(matcher(compiler, parallel=False), smollm2_tokenizer, call(name, arguments))
+    two = call("get_weather", {"city": "Paris"}) + "\n" + call("get-time", {})
+    assert not accepts(matcher(compiler, parallel=False), smollm2_tokenizer, two)
+    assert accepts(matcher(compiler, parallel=True), smollm2_tokenizer, two)

@@ -30,7 +30,12 @@ def inference(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     with (
-        running(["serve", "--port", str(port), "--max-model-len", "2048"], port, timeout=240, log_path=str(log)),
+        running(
+            ["serve", "--port", str(port), "--http-port", "0", "--max-model-len", "2048"],
+            port,
+            timeout=240,
+            log_path=str(log),
+        ),
         grpc.insecure_channel(f"127.0.0.1:{port}") as channel,
     ):
         yield generate_pb2_grpc.InferenceServiceStub(channel)

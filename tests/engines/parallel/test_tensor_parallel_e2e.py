@@ -119,8 +119,9 @@ def test_the_served_default_with_tp2_dcp2_serves_a_batch_through_the_gateway(one
     from tests.support.health import poll_until_serving
 
     port = free_port()
-    command = [PYTHON, "-m", "dpgate.cli", "serve", "--port", str(port), "--model", str(one_kv_head_model),
-               "--tensor-parallel-size", "2", "--decode-context-parallel-size", "2"]  # fmt: skip
+    command = [PYTHON, "-m", "dpgate.cli", "serve", "--port", str(port), "--http-port", "0",
+               "--model", str(one_kv_head_model), "--tensor-parallel-size", "2",
+               "--decode-context-parallel-size", "2"]  # fmt: skip
     with open(tmp_path / "serve.log", "w") as log:
         serve = subprocess.Popen(command, stdout=log, stderr=log, cwd=ROOT)
         try:

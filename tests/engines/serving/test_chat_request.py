@@ -145,8 +145,21 @@ def test_the_rendered_prompt_is_tokenized_without_special_tokens_added_twice(smo
     text = template.render([{"role": "user", "content": "hi"}], None, None).text
     assert run.sequence.prompt_ids == smollm2_tokenizer(text, add_special_tokens=False).input_ids
     assert smollm2_tokenizer.decode(run.sequence.prompt_ids) == text
-    assert run.sequence.stopping.max_tokens == 16  # Generate's default
     assert run.thinking is False and run.sequence.grammar_spec is None
+
+
+def test_chat_without_max_tokens_may_use_the_rest_of_the_context(smollm2_tokenizer, template):
+    """OpenAI's and vLLM's chat default, where Generate's 16 cut tool calls and answers short."""
+    run = build(smollm2_tokenizer, template, messages=[HI])
+    assert run.sequence.stopping.max_tokens == LIMITS.max_model_len - len(run.sequence.prompt_ids)
+    given = build(smollm2_tokenizer, template, messages=[HI], stopping=pb.StoppingCriteria(max_tokens=5))
+    assert given.sequence.stopping.max_tokens == 5
+
+
+def test_a_prompt_that_fills_the_context_is_still_refused_with_the_prompt_rule(smollm2_tokenizer, template):
+    long = pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="hi " * 3000)
+    with pytest.raises(InvalidRequestError, match="must be shorter than the model's context"):
+        build(smollm2_tokenizer, template, messages=[long])
 
 
 def test_generation_fields_mean_what_they_mean_for_generate(smollm2_tokenizer, template):

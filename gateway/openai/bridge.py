@@ -1,0 +1,130 @@
+"""The seam between the OpenAI HTTP API and the gRPC data path: one HTTP request's dpgate.v1 call.
+
+A `ForwardedCall` (gateway/forwarded_call.py) relays a call between a client's HTTP/2 stream
+(`ServerCall`) and an engine. An `EngineCall` stands where that stream stands: it hands the
+`Forwarder` the headers a gRPC client would have sent (`:path`, `x-request-id`, `authorization`,
+`x-data-parallel-rank`, `grpc-timeout`) and the request message, and reads back what the relay
+would have written to the client: length-prefixed response messages, then the status trailers.
+So an HTTP request goes through exactly the gRPC path's admission (API key, draining, the
+in-flight limit, the rank rule and its sentence), routing, retry before the first byte, breaker
+bookkeeping, deadline, metrics and access log: there is no second routing path to keep in step.
+
+Flow control: the upstream stream's window is returned (`on_response_sent`) as the HTTP side
+takes each message, so a slow HTTP client slows the engine's stream as a slow gRPC client would.
+`cancel()` is the client going away: the relay resets the upstream stream and the engine frees
+the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import grpc
+
+from gateway.grpc_wire import MESSAGE_PREFIX_SIZE, ResponseStatus, frame_message, status_trailers
+from gateway.http2.connection import Headers
+from gateway.http2.header_codec import Decoder
+
+_PREFIX = struct.Struct(">BI")
+COMPRESSED_MESSAGE = "the engine sent a compressed message, which the HTTP API does not read"
+# The relay's trailers are plain literals (never indexed: gateway/http2/header_codec.py), so they
+# leave a decoder's dynamic table as it was: one decoder serves every call.
+_TRAILERS = Decoder()
+
+
+class CallOpener(Protocol):
+    """What opens a call: `gateway.forwarding.Forwarder`."""
+
+    def open_call(self, call: EngineCall, end_stream: bool) -> None: ...
+
+
+class EngineCall:
+    """One dpgate.v1 call made for an HTTP request; `messages()` yields its response payloads.
+
+    The attributes and methods up to `refuse` are the part of `ServerCall` the forwarder and the
+    relay use; nothing else of it is touched.
+    """
+
+    __slots__ = ("_buffer", "_queue", "_status", "handler", "headers", "is_finished", "is_response_started")
+
+    def __init__(self, headers: Headers) -> None:
+        self.headers = headers
+        self.handler = None  # set by the forwarder when it admits the call
+        self.is_response_started = False
+        self.is_finished = False
+        self._buffer = b""
+        self._queue: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
+        self._status: ResponseStatus | None = None
+
+    # --- the ServerCall side the relay writes to ------------------------------------------------
+
+    def start_response(self, extra: bytes = b"") -> None:
+        self.is_response_started = True
+
+    def send(self, data: bytes) -> None:
+        """Relayed bytes: whole or partial length-prefixed messages."""
+        self.is_response_started = True
+        buffer = self._buffer + data
+        position = 0
+        while len(buffer) - position >= MESSAGE_PREFIX_SIZE:
+            flag, length = _PREFIX.unpack_from(buffer, position)
+            end = position + MESSAGE_PREFIX_SIZE + length
+            if end > len(buffer):
+                break
+            if flag != 0:
+                self._fail(COMPRESSED_MESSAGE)
+                return
+            self._queue.put_nowait((buffer[position + MESSAGE_PREFIX_SIZE : end], end - position))
+            position = end
+        self._buffer = buffer[position:]
+
+    def finish(self, trailers: bytes) -> None:
+        """The call's end: `trailers` is a status block from `grpc_wire.status_trailers`."""
+        if self.is_finished:
+            return
+        self.is_finished = True
+        self._status = ResponseStatus.read(_TRAILERS.decode(trailers, raw=True))
+        self._queue.put_nowait(None)
+
+    def refuse(self, code: grpc.StatusCode, message: str) -> None:
+        self.finish(status_trailers(code, message))
+
+    # --- the HTTP side ------------------------------------------------------------------------
+
+    def start(self, opener: CallOpener, request: bytes) -> None:
+        """Open the call through the forwarder and send its one request message."""
+        opener.open_call(self, False)
+        if self.handler is not None:
+            self.handler.on_request_data(frame_message(request), True)
+
+    async def messages(self) -> AsyncIterator[bytes]:
+        """Each response message's payload, in order, until the call ends (then see `status`)."""
+        while True:
+            item = await self._queue.get()
+            if item is None:
+                return
+            payload, num_bytes = item
+            if self.handler is not None:
+                self.handler.on_response_sent(num_bytes)
+            yield payload
+
+    @property
+    def status(self) -> ResponseStatus:
+        """How the call ended; only once `messages()` is exhausted."""
+        assert self._status is not None, "the call has not ended"
+        return self._status
+
+    def cancel(self) -> None:
+        """The HTTP client went away (or another choice failed): reset the engine's stream."""
+        if not self.is_finished and self.handler is not None:
+            self.is_finished = True
+            self.handler.on_cancelled()
+
+    def _fail(self, message: str) -> None:
+        handler = self.handler
+        self.finish(status_trailers(grpc.StatusCode.INTERNAL, message))
+        if handler is not None:
+            handler.on_cancelled()
