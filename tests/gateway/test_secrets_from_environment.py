@@ -110,6 +110,7 @@ def test_an_encrypted_tls_key_loads_with_its_password(encrypted_pair) -> None:
         ),
     ],
 )
+@pytest.mark.e2e  # makes its keys with openssl
 def test_an_encrypted_tls_key_without_its_password_is_refused_at_start(encrypted_pair, password, sentence) -> None:
     cert, key = encrypted_pair
     with pytest.raises(ConfigError) as error:

@@ -11,6 +11,7 @@ from gateway.http2.errors import HeadersTooLarge, MalformedHeaders, ProtocolViol
 from gateway.http2.header_rules import check_request, check_response, check_trailers
 from gateway.http2.limits import Http2Limits, ResetBudget
 from gateway.http2.stream_ids import StreamIds
+from tests.support.memory_transport import MemoryTransport
 
 REQUEST = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/svc/M"), (b":authority", b"gw"),
            (b"content-type", b"application/grpc"), (b"te", b"trailers")]  # fmt: skip
@@ -171,7 +172,7 @@ def test_the_rapid_reset_guard_counts_streams_reset_young_only():
 
     from gateway.http2.connection import Http2Connection, Stream
     from gateway.http2.header_codec import encode_block
-    from tests.gateway.http2.test_client_role import Transport, frames_of
+    from tests.gateway.http2.test_client_role import frames_of
 
     class Call(Stream):
         def on_headers(self, headers, end_stream): ...
@@ -187,7 +188,7 @@ def test_the_rapid_reset_guard_counts_streams_reset_young_only():
     def goaways(age: float) -> list[bytes]:
         async def run():
             server = Server(Http2Limits(max_resets_per_second=2))
-            transport = Transport()
+            transport = MemoryTransport()
             server.connection_made(transport)
             server.data_received(f.PREFACE + f.pack_settings({}))
             server.data_received(b"".join(f.pack_frame(f.HEADERS, f.END_HEADERS, sid, block) for sid in (1, 3, 5)))
