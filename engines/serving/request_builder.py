@@ -66,6 +66,11 @@ def assemble_sequence(
     structured_output, logprobs), every rule checked: Generate's path, and Chat's once it has
     rendered its prompt, so the fields mean the same on both. Without stopping.max_tokens the
     output may run to `default_max_tokens` (None: the rest of the context window)."""
+    require(
+        len(prompt_ids) < limits.max_model_len,
+        f"prompt has {len(prompt_ids)} tokens but must be shorter than the model's context of "
+        f"{limits.max_model_len} tokens",
+    )
     grammar_spec = _grammar_spec(request) if request.HasField("structured_output") else None
     sampling = _sampling_params(request)
     sampling.validate(limits.vocab_size)
@@ -121,10 +126,6 @@ def _prompt_ids(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder) 
             )
     else:
         raise InvalidRequestError("prompt must be set: give text or token_ids")
-    require(
-        len(ids) < limits.max_model_len,
-        f"prompt has {len(ids)} tokens but must be shorter than the model's context of {limits.max_model_len} tokens",
-    )
     return ids
 
 
