@@ -15,18 +15,37 @@ from tests.support.gateway_processes import FAST_HEALTH, GatewayProcess, running
 
 
 @pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory):
-    log_dir = tmp_path_factory.mktemp("http-limits")
-    with running_synthetic_engine(log_dir) as engine:
-        process = GatewayProcess(
-            [engine.address], *FAST_HEALTH, "--http-port", "0", "--http-max-body-bytes", "2000",
-            "--max-message-bytes", "600", "--http-max-connections", "2", log_dir=log_dir,
-        )  # fmt: skip
-        try:
-            process.wait_ranks([0])
-            yield process
-        finally:
-            process.stop()
+def engine(tmp_path_factory: pytest.TempPathFactory):
+    with running_synthetic_engine(tmp_path_factory.mktemp("http-limits-engine")) as engine:
+        yield engine
+
+
+def start_gateway(engine, log_dir: Path, *flags: str) -> GatewayProcess:
+    process = GatewayProcess([engine.address], *FAST_HEALTH, "--http-port", "0", *flags, log_dir=log_dir)
+    process.wait_ranks([0])
+    return process
+
+
+@pytest.fixture(scope="module")
+def gateway(engine, tmp_path_factory: pytest.TempPathFactory):
+    """Small body and message limits; the connection limit has a gateway of its own (below), so
+    a connection the server has not yet seen close cannot push these tests past it."""
+    process = start_gateway(
+        engine, tmp_path_factory.mktemp("http-limits"), "--http-max-body-bytes", "2000", "--max-message-bytes", "600"
+    )
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="module")
+def two_connection_gateway(engine, tmp_path_factory: pytest.TempPathFactory):
+    process = start_gateway(engine, tmp_path_factory.mktemp("http-connections"), "--http-max-connections", "2")
+    try:
+        yield process
+    finally:
+        process.stop()
 
 
 def post(port: int, path: str, body: bytes, headers: dict[str, str] | None = None) -> tuple[int, dict, dict]:
@@ -76,7 +95,8 @@ def test_health_and_models(gateway):
     connection.close()
 
 
-def test_a_connection_past_the_limit_is_answered_503(gateway):
+def test_a_connection_past_the_limit_is_answered_503(two_connection_gateway):
+    gateway = two_connection_gateway
     held = [socket.create_connection(("127.0.0.1", gateway.http_port)) for _ in range(2)]
     try:
         for sock in held:  # a request on each, so both are counted as open connections
