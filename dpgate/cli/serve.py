@@ -61,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="engines compute with the batch-invariant kernels (default); --no-batch-invariant: torch's",
     )
     add(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="engines keep a prefix cache of KV blocks (default); --no-prefix-caching: every prompt in full",
+    )
+    add(
         "--api-key",
         action="append",
         default=[],
@@ -100,6 +106,8 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
             command += [flag, str(value)]
     if not args.batch_invariant:
         command.append("--no-batch-invariant")
+    if not args.prefix_caching:
+        command.append("--no-prefix-caching")
     command += [
         "--tensor-parallel-size", str(args.tensor_parallel_size),
         "--decode-context-parallel-size", str(args.decode_context_parallel_size),

@@ -71,7 +71,12 @@ class ChatRun:
 
 
 def build_chat(
-    request: ChatLike, limits: ModelLimits, tokenizer: Decoder, template: ChatTemplate, parsing: ChatParsing
+    request: ChatLike,
+    limits: ModelLimits,
+    tokenizer: Decoder,
+    template: ChatTemplate,
+    parsing: ChatParsing,
+    tenant: str = "",
 ) -> ChatRun:
     if request.model and request.model != limits.served_name:
         raise UnknownModelError(
@@ -92,7 +97,7 @@ def build_chat(
     rendered = template.render(messages, wire_tools or None, kwargs)
     prompt_ids = list(tokenizer(rendered.text, add_special_tokens=False).input_ids)
     require(bool(prompt_ids), "messages must render to a prompt of at least one token")
-    sequence = build_sequence(_generate_request(request, prompt_ids), limits, tokenizer)
+    sequence = build_sequence(_generate_request(request, prompt_ids), limits, tokenizer, tenant)
     if constrained and not parsing.parse_tools:
         raise ToolCallsOffError(
             "tool_choice REQUIRED or a named tool needs tool-call parsing, which this engine has off "
@@ -193,7 +198,10 @@ def _kwargs(request: ChatLike) -> dict[str, Any] | None:
 def _generate_request(request: ChatLike, prompt_ids: list[int]) -> generate_pb2.GenerateRequest:
     """The GenerateRequest that runs the rendered prompt with the chat request's generation fields."""
     generate = generate_pb2.GenerateRequest(
-        request_id=request.request_id, model=request.model, token_ids=generate_pb2.TokenIds(ids=prompt_ids)
+        request_id=request.request_id,
+        model=request.model,
+        token_ids=generate_pb2.TokenIds(ids=prompt_ids),
+        cache_salt=request.cache_salt,
     )
     for name in ("sampling", "stopping", "structured_output", "logprobs"):
         if request.HasField(name):
