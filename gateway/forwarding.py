@@ -34,6 +34,7 @@ from gateway.metadata import RANK_BIN_KEY, RANK_KEY, parse_data_parallel_rank
 from gateway.metrics import GatewayMetrics
 from gateway.pass_through import PassThroughCall
 from gateway.routing import RouteRequest, RoutingPolicy, choose_engine_for_request
+from gateway.tenant import tenant_fields
 from gateway.upstream import UpstreamLink
 
 DRAINING_MESSAGE = "gateway is shutting down; retry on another gateway"
@@ -62,7 +63,7 @@ access_logger = logging.getLogger("dpgate.gateway.access")
 class CallHeaders:
     """What the front door reads from a call's request headers, in one pass."""
 
-    __slots__ = ("authorization", "encoding", "passed", "path", "rank_fields", "request_ids", "timeout")
+    __slots__ = ("authorization", "encoding", "passed", "path", "rank_fields", "request_ids", "tenant_field", "timeout")
 
     def __init__(self, headers: Headers) -> None:
         self.path = b""
@@ -71,6 +72,7 @@ class CallHeaders:
         self.rank_fields: list[tuple[str, bytes]] = []
         self.request_ids: list[bytes] = []
         self.encoding: bytes | None = None  # grpc-encoding of the request messages
+        self.tenant_field = b""  # set by the forwarder from the API key; a client's own is never read
         passed = b""
         for name, value in headers:
             if name == b":path":
@@ -100,6 +102,7 @@ class Forwarder:
         self.config = config
         self.max_message_bytes = config.max_message_bytes
         self._accepted_keys = tuple(f"Bearer {key}".encode() for key in config.api_keys)
+        self._tenant_fields = tenant_fields(config.api_keys, config.prefix_cache_sharing)
         self.local_services: UpstreamLink | None = None  # set by the server once they listen
         self.is_refusing = False
         self.num_in_flight = 0
@@ -146,6 +149,8 @@ class Forwarder:
             self._rejected_metadata.inc()
             self._refuse(call, path, request_id, grpc.StatusCode.INVALID_ARGUMENT, error.message)
             return
+        if self._tenant_fields:
+            headers.tenant_field = self._tenant_fields[headers.authorization[0]]
         ForwardedCall(self, call, headers, rpc, streaming, rank, end_stream, request_id)
 
     @staticmethod

@@ -24,7 +24,7 @@ from dpgate.config_file import attribute
 from dpgate.host import usable_cores
 from dpgate.logs import add_log_format_argument, configure_logging
 from gateway.config import ConfigError, GatewayConfig, api_keys_from_environment, validate_config
-from gateway.gateway_command import add_limit_arguments, limits_from_args
+from gateway.gateway_command import add_limit_arguments, add_prefix_cache_sharing_argument, limits_from_args
 
 logger = logging.getLogger("dpgate.serve")
 ENGINE_STOP_TIMEOUT_S = 15.0
@@ -84,6 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--reasoning-markers", metavar="START,END", help="engines' reasoning markers (default: <think>,</think>)")
     add("--tool-call-parser", help="engines' tool-call parser: hermes or none (default: by the model)")
     add_log_format_argument(parser, deprecated_json_flag=True)  # the gateway's and every engine's
+    add_prefix_cache_sharing_argument(parser)
     add_limit_arguments(parser)
 
 
@@ -190,6 +191,7 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
             api_keys=tuple(args.api_key) + api_keys_from_environment(),
             log_format=args.log_format,
             access_log=args.access_log,
+            prefix_cache_sharing=args.prefix_cache_sharing,
             **limits_from_args(args),
             # Health says SERVING only once every engine started here passed the handshake.
             ready_data_parallel_size=args.data_parallel_size,
