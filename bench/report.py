@@ -65,6 +65,14 @@ BENCHMARKS = (
     Benchmark("gateway_overhead", (), ("--calls", "50", "--duration", "0.5", "--concurrency", "8"), 60),
     Benchmark("grammar_overhead", (), ("--rounds", "1", "--tokens", "24"), 45),
     Benchmark("startup", (), ("--runs", "1",), 65),
+    Benchmark(
+        "prefix_cache",
+        (),
+        ("--conversations", "2", "--turns", "2", "--system-tokens", "256", "--turn-tokens", "16",
+         "--shared-system-tokens", "256", "--questions", "4", "--random-prompts", "4", "--random-tokens", "64",
+         "--concurrency", "4", "--kv-cache-memory-mb", "256"),
+        900,
+    ),
     # Written in another branch (issue 16); skipped with a line in the page where absent. --quick does
     # not compile llama.cpp (minutes): it fails with a line unless a full run built it before.
     Benchmark(
