@@ -49,7 +49,7 @@ DPGATE_METHODS: dict[bytes, tuple[str, bool]] = {
     f"/{INFERENCE_SERVICE}/ChatStream".encode(): ("ChatStream", True),
     **{
         f"/{CONTROL_SERVICE}/{name}".encode(): (name, False)
-        for name in ("GetServerInfo", "GetModelInfo", "GetLoad", "Abort")
+        for name in ("GetServerInfo", "GetModelInfo", "GetLoad", "Abort", "ResetPrefixCache")
     },
 }
 _DPGATE_PREFIX = b"/dpgate.v1."
