@@ -228,7 +228,7 @@ class BlockManager:
             return
         if state.epoch != self.epoch:  # the cache was reset: register the sequence's blocks afresh
             state.serials, state.epoch = [], self.epoch
-        num_full = num_computed // self.block_size
+        num_full = min(num_computed // self.block_size, len(block_table))
         if len(state.serials) >= num_full:
             return
         tokens = token_ids()

@@ -13,8 +13,9 @@ import grpc
 import pytest
 
 from dpgate.tenant import TENANT_KEY
+from dpgate.v1 import control_pb2 as cpb
+from dpgate.v1 import control_pb2_grpc, generate_pb2_grpc
 from dpgate.v1 import generate_pb2 as pb
-from dpgate.v1 import generate_pb2_grpc
 from gateway.tenant import tenant_for_key
 from tests.engines.test_batch_invariance_e2e import counter
 from tests.support.processes import free_port, running
@@ -65,3 +66,9 @@ def test_shared_keys_share_cached_prompts(tiny_model, tmp_path):
         stub = generate_pb2_grpc.InferenceServiceStub(channel)
         assert cached_tokens(stub, "key-a") == 0
         assert cached_tokens(stub, "key-b") == 64
+        control = control_pb2_grpc.ControlServiceStub(channel)
+        metadata = (("authorization", "Bearer key-a"), ("x-data-parallel-rank", "0"))
+        reply = control.ResetPrefixCache(cpb.ResetPrefixCacheRequest(), metadata=metadata, timeout=30)
+        assert reply.num_cleared_blocks >= 4
+        assert cached_tokens(stub, "key-b") == 0  # forgotten
+        assert control.GetLoad(cpb.GetLoadRequest(), metadata=metadata, timeout=30).num_cached_blocks >= 4
