@@ -184,6 +184,19 @@ def llamacpp_rows(record: dict) -> list[Row]:
     ]  # fmt: skip
 
 
+def prefix_cache_rows(record: dict) -> list[Row]:
+    """Each workload with the prefix cache against the same engine without it."""
+    cpu = cpu_label(record["machine"])
+    rows = []
+    for case in record["results"]["cases"]:
+        on, off, name = case["on"], case["off"], f"({case['case']}) {case['name']}"
+        rows.append(Row(f"TTFT p50, {name}", on["ttft_p50_ms"], "prefix cache off", off["ttft_p50_ms"], "ms",
+                        "lower", cpu))  # fmt: skip
+        rows.append(Row(f"output throughput, {name}", on["output_tokens_per_s"], "prefix cache off",
+                        off["output_tokens_per_s"], "tok/s", "higher", cpu))  # fmt: skip
+    return rows
+
+
 ROWS = {
     "engine_vs_llamacpp": llamacpp_rows,
     "throughput": throughput_rows,
@@ -193,4 +206,5 @@ ROWS = {
     "http_overhead": http_rows,
     "grammar_overhead": grammar_rows,
     "dcp_scaling": dcp_rows,
+    "prefix_cache": prefix_cache_rows,
 }

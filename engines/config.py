@@ -49,6 +49,7 @@ class EngineConfig:
     num_threads: int | None = None
     quantization: str = "int8"
     batch_invariant: bool = True
+    prefix_caching: bool = True
     tensor_parallel_size: int = 1
     decode_context_parallel_size: int = 1
     dcp_kv_interleave: int = 1
@@ -163,6 +164,7 @@ class EngineConfig:
             num_threads=args.num_threads,
             quantization=args.quantization,
             batch_invariant=args.batch_invariant,
+            prefix_caching=args.prefix_caching,
             tensor_parallel_size=args.tensor_parallel_size,
             decode_context_parallel_size=args.decode_context_parallel_size,
             dcp_kv_interleave=args.dcp_kv_interleave,
@@ -273,6 +275,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help="compute with dpgate's batch-invariant kernels, so a request's tokens and logprobs never depend "
         "on its batch (the default); --no-batch-invariant uses torch's kernels",
     )
+    add_prefix_caching_argument(parser)
     add_parallel_arguments(parser)
     add_chat_arguments(parser)
     parser.add_argument(
@@ -281,6 +284,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="torch compute threads of the engine, split among its tensor-parallel ranks; give engines that "
         "share a host a share of its cores (default: every CPU in the engine's affinity mask)",
+    )
+
+
+def add_prefix_caching_argument(parser: argparse.ArgumentParser) -> None:
+    """`--no-prefix-caching`; `dpgate serve` passes it on to every engine."""
+    parser.add_argument(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="keep computed full KV blocks and reuse them for later prompts that start with the same tokens "
+        '(the default; a hit gives the same bits as a miss, docs/engine.md "Prefix caching"); '
+        "--no-prefix-caching computes every prompt in full",
     )
 
 

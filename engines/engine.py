@@ -13,6 +13,7 @@ import torch
 
 from engines.grammar.bitmask import FilledMasks, MaskBuffers, MaskedRows, apply_masks, fill_masks
 from engines.kv.block_manager import BlockManager
+from engines.kv.prefix_hash import root_hash
 from engines.runner.model_runner import ChunkInput, ModelRunner
 from engines.sampling.sampler import greedy_tokens, is_plain_greedy, request_generator, sample
 from engines.sampling.tokens import SampledToken
@@ -31,9 +32,17 @@ class StepStats:
 
 
 class LLMEngine:
-    def __init__(self, runner: ModelRunner, config: SchedulerConfig | None = None):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        config: SchedulerConfig | None = None,
+        prefix_caching: bool = True,
+        fingerprint: bytes = b"",
+    ):
+        """`fingerprint`: what makes this engine's keys and values what they are (the model's
+        weights, tokenizer and numerics: engines/model/fingerprint.py); the root of its block hashes."""
         self.runner = runner
-        self.block_manager = BlockManager(runner.num_blocks, runner.block_size)
+        self.block_manager = BlockManager(runner.num_blocks, runner.block_size, prefix_caching, root_hash(fingerprint))
         self.scheduler = Scheduler(config or SchedulerConfig(), self.block_manager)
         self.last_step = StepStats()
         self.mask_buffers = MaskBuffers()
@@ -54,6 +63,10 @@ class LLMEngine:
     @property
     def kv_usage(self) -> float:
         return self.block_manager.usage
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block; sequences keep the blocks they hold."""
+        self.block_manager.reset()
 
     def add(self, seq: Sequence) -> None:
         """Queue a sequence; raises QueueFullError or RequestTooLargeError (both RESOURCE_EXHAUSTED)."""
@@ -79,6 +92,7 @@ class LLMEngine:
             seq = chunk.seq
             seq.prompt_logprobs.extend(scored)
             seq.num_computed_tokens = chunk.start + chunk.num_tokens
+            self.scheduler.cache_computed(seq)
             stats.num_prompt_tokens += max(0, min(seq.num_computed_tokens, len(seq.prompt_ids)) - chunk.start)
         outputs = self._sample(sampling, logits, masks, stats)
         stats.seconds = time.perf_counter() - started

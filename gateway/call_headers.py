@@ -21,7 +21,7 @@ def request_id_field(request_id: str) -> bytes:
 class CallHeaders:
     """What the front door reads from a call's request headers, in one pass."""
 
-    __slots__ = ("authorization", "encoding", "passed", "path", "rank_fields", "request_ids", "timeout")
+    __slots__ = ("authorization", "encoding", "passed", "path", "rank_fields", "request_ids", "tenant_field", "timeout")
 
     def __init__(self, headers: Headers) -> None:
         self.path = b""
@@ -30,6 +30,7 @@ class CallHeaders:
         self.rank_fields: list[tuple[str, bytes]] = []
         self.request_ids: list[bytes] = []
         self.encoding: bytes | None = None  # grpc-encoding of the request messages
+        self.tenant_field = b""  # set by the forwarder from the API key; a client's own is never read
         passed = b""
         for name, value in headers:
             if name == b":path":

@@ -103,6 +103,7 @@ class GatewayConfig:
     breaker_open_s: float = 5.0
     log_format: str = "plain"  # dpgate.logs.LOG_FORMATS
     access_log: bool = True  # one line a call (about 15 us of CPU each)
+    prefix_cache_sharing: str = "isolated"  # gateway/tenant.py: API keys share cached prompts or not
     ready_data_parallel_size: int | None = None
     engine_dns: tuple[str, ...] = ()
     engine_dns_interval_s: float = 5.0
@@ -286,6 +287,8 @@ def _check_limits(config: GatewayConfig) -> None:
         _check_at_least_one(config.max_in_flight, "--max-in-flight")
     if config.policy not in POLICIES:
         raise ConfigError(f"--policy {config.policy!r} must be one of {sorted(POLICIES)}.")
+    if config.prefix_cache_sharing not in ("isolated", "shared"):
+        raise ConfigError(f"--prefix-cache-sharing {config.prefix_cache_sharing!r} must be isolated or shared.")
     for key in config.api_keys:
         if not key or not key.isascii() or not key.isprintable() or " " in key:
             raise ConfigError("--api-key values must be non-empty printable ASCII without spaces.")

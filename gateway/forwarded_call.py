@@ -240,7 +240,7 @@ class ForwardedCall:
         if self._deadline is not None:
             timeout = max(0.0, self._deadline - asyncio.get_running_loop().time())
         assert self._engine is not None
-        extra = self._headers.passed + self._request_id_field
+        extra = self._headers.passed + self._headers.tenant_field + self._request_id_field
         block = self._engine.link.request_headers(self._headers.path, timeout, extra)
         self._upstream = connection.open_stream(self, block, self._body, end_stream=True)
 

@@ -33,6 +33,7 @@ from gateway.metadata import RANK_KEY, parse_data_parallel_rank
 from gateway.metrics import GatewayMetrics
 from gateway.pass_through import PassThroughCall
 from gateway.routing import RouteRequest, RoutingPolicy, choose_engine_for_request
+from gateway.tenant import tenant_fields
 from gateway.upstream import UpstreamLink
 
 DRAINING_MESSAGE = "gateway is shutting down; retry on another gateway"
@@ -47,7 +48,7 @@ DPGATE_METHODS: dict[bytes, tuple[str, bool]] = {
     f"/{INFERENCE_SERVICE}/ChatStream".encode(): ("ChatStream", True),
     **{
         f"/{CONTROL_SERVICE}/{name}".encode(): (name, False)
-        for name in ("GetServerInfo", "GetModelInfo", "GetLoad", "Abort")
+        for name in ("GetServerInfo", "GetModelInfo", "GetLoad", "Abort", "ResetPrefixCache")
     },
 }
 _DPGATE_PREFIX = b"/dpgate.v1."
@@ -65,6 +66,7 @@ class Forwarder:
         self.config = config
         self.max_message_bytes = config.max_message_bytes
         self._accepted_keys = tuple(f"Bearer {key}".encode() for key in config.api_keys)
+        self._tenant_fields = tenant_fields(config.api_keys, config.prefix_cache_sharing)
         self.local_services: UpstreamLink | None = None  # set by the server once they listen
         self.is_refusing = False
         self.num_in_flight = 0
@@ -111,6 +113,8 @@ class Forwarder:
             self._rejected_metadata.inc()
             self._refuse(call, path, request_id, grpc.StatusCode.INVALID_ARGUMENT, error.message)
             return
+        if self._tenant_fields:
+            headers.tenant_field = self._tenant_fields[headers.authorization[0]]
         ForwardedCall(self, call, headers, rpc, streaming, rank, end_stream, request_id)
 
     @staticmethod

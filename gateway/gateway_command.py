@@ -48,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--api-key", action="append", default=[],
         help="accept `authorization: Bearer KEY` (repeatable; keys in $DPGATE_API_KEYS are accepted too)")
     add("--api-key-file", help="file of accepted API keys, one a line")
+    add_prefix_cache_sharing_argument(parser)
     add("--tls-cert", help="PEM certificate chain for TLS to clients")
     add("--tls-key", help="PEM private key for --tls-cert; if encrypted, its password in $DPGATE_TLS_KEY_PASSWORD")
     add("--tls-client-ca", help="PEM CA bundle; clients must show a certificate it signed (mutual TLS)")
@@ -74,6 +75,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--access-log", action=argparse.BooleanOptionalAction, default=True,
         help="log one line per call with its x-request-id, code and duration (default); it costs ~15 us a call")
     add_log_format_argument(parser, deprecated_json_flag=True)
+
+
+def add_prefix_cache_sharing_argument(parser: argparse.ArgumentParser) -> None:
+    """`--prefix-cache-sharing`; `dpgate serve` has it too."""
+    parser.add_argument(
+        "--prefix-cache-sharing",
+        choices=("isolated", "shared"),
+        default="isolated",
+        help="with API keys, isolated (the default) binds each call's prefix-cache salt to its key, so keys never "
+        "share cached prompts; shared lets them (docs/gateway.md, \"Prefix-cache tenants\")",
+    )
 
 
 def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,6 +187,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         breaker_open_s=args.breaker_open_seconds,
         log_format=args.log_format,
         access_log=args.access_log,
+        prefix_cache_sharing=args.prefix_cache_sharing,
     )
     return validate_config(config)
 

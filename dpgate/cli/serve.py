@@ -24,7 +24,13 @@ from dpgate.host import usable_cores
 from dpgate.logs import add_log_format_argument, configure_logging
 from dpgate.ports import free_port
 from gateway.config import ConfigError, GatewayConfig, api_keys_from_environment, validate_config
-from gateway.gateway_command import add_http_arguments, add_limit_arguments, http_from_args, limits_from_args
+from gateway.gateway_command import (
+    add_http_arguments,
+    add_limit_arguments,
+    add_prefix_cache_sharing_argument,
+    http_from_args,
+    limits_from_args,
+)
 
 logger = logging.getLogger("dpgate.serve")
 DEFAULT_HTTP_PORT = 8000
@@ -62,6 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="engines compute with the batch-invariant kernels (default); --no-batch-invariant: torch's",
     )
     add(
+        "--prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="engines keep a prefix cache of KV blocks (default); --no-prefix-caching: every prompt in full",
+    )
+    add(
         "--api-key",
         action="append",
         default=[],
@@ -79,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--reasoning-markers", metavar="START,END", help="engines' reasoning markers (default: <think>,</think>)")
     add("--tool-call-parser", help="engines' tool-call parser: hermes or none (default: by the model)")
     add_log_format_argument(parser, deprecated_json_flag=True)  # the gateway's and every engine's
+    add_prefix_cache_sharing_argument(parser)
     add_limit_arguments(parser)
     add_http_arguments(parser, default_port=DEFAULT_HTTP_PORT)
     add("--no-http", action="store_true", help="serve no OpenAI HTTP API (gRPC only)")
@@ -96,6 +109,8 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
             command += [flag, str(value)]
     if not args.batch_invariant:
         command.append("--no-batch-invariant")
+    if not args.prefix_caching:
+        command.append("--no-prefix-caching")
     command += [
         "--tensor-parallel-size", str(args.tensor_parallel_size),
         "--decode-context-parallel-size", str(args.decode_context_parallel_size),
@@ -179,6 +194,7 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
             api_keys=tuple(args.api_key) + api_keys_from_environment(),
             log_format=args.log_format,
             access_log=args.access_log,
+            prefix_cache_sharing=args.prefix_cache_sharing,
             **limits_from_args(args),
             **http_from_args(args),
             # Health says SERVING only once every engine started here passed the handshake.

@@ -237,7 +237,7 @@ class ChatInput:
     def _fields(self, options: GenerationOptions) -> dict[str, Any]:
         fields: dict[str, Any] = {
             "messages": self.messages, "tools": self.tools,
-            "sampling": options.sampling(), "stopping": options.stopping(),
+            "sampling": options.sampling(), "stopping": options.stopping(), "cache_salt": options.cache_salt,
         }  # fmt: skip
         if self.tool_choice is not None:
             fields["tool_choice"] = self.tool_choice

@@ -34,6 +34,7 @@ class GenerationOptions:
     seed: int | None = None
     stop: Sequence[str] = ()
     ignore_eos: bool = False
+    cache_salt: str = ""  # requests with different salts never share the engine's cached prompt blocks
 
     def sampling(self) -> generate_pb2.SamplingParams:
         params = generate_pb2.SamplingParams(top_k=self.top_k)
@@ -52,10 +53,14 @@ class GenerationOptions:
         return stopping
 
     def generate_request(self, prompt: str) -> generate_pb2.GenerateRequest:
-        return generate_pb2.GenerateRequest(text=prompt, sampling=self.sampling(), stopping=self.stopping())
+        return generate_pb2.GenerateRequest(
+            text=prompt, sampling=self.sampling(), stopping=self.stopping(), cache_salt=self.cache_salt
+        )
 
     def stream_request(self, prompt: str) -> generate_pb2.GenerateStreamRequest:
-        return generate_pb2.GenerateStreamRequest(text=prompt, sampling=self.sampling(), stopping=self.stopping())
+        return generate_pb2.GenerateStreamRequest(
+            text=prompt, sampling=self.sampling(), stopping=self.stopping(), cache_salt=self.cache_salt
+        )
 
 
 # Every field left to the server; one shared instance serves as the calls' default (it is frozen).

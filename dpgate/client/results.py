@@ -58,6 +58,7 @@ class Usage:
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens the engine's prefix cache gave (not recomputed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,7 @@ class Finish:
         return cls(
             reason=_FINISH_REASONS.get(message.reason, FinishReason.UNSPECIFIED),
             matched_stop=None if which is None else getattr(message, which),
-            usage=Usage(message.num_prompt_tokens, message.num_generated_tokens),
+            usage=Usage(message.num_prompt_tokens, message.num_generated_tokens, message.num_cached_prompt_tokens),
         )
 
 

@@ -11,7 +11,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("version", "parallelism", "model", "max_model_len", "kv_block_size", "num_kv_blocks", "kv_capacity_tokens")
+    __slots__ = ("version", "parallelism", "model", "max_model_len", "kv_block_size", "num_kv_blocks", "kv_capacity_tokens", "prefix_caching", "prefix_cache_root_hash")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PARALLELISM_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,8 @@ class GetServerInfoResponse(_message.Message):
     KV_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_ROOT_HASH_FIELD_NUMBER: _ClassVar[int]
     version: str
     parallelism: Parallelism
     model: str
@@ -26,7 +28,9 @@ class GetServerInfoResponse(_message.Message):
     kv_block_size: int
     num_kv_blocks: int
     kv_capacity_tokens: int
-    def __init__(self, version: _Optional[str] = ..., parallelism: _Optional[_Union[Parallelism, _Mapping]] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ...) -> None: ...
+    prefix_caching: bool
+    prefix_cache_root_hash: int
+    def __init__(self, version: _Optional[str] = ..., parallelism: _Optional[_Union[Parallelism, _Mapping]] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., prefix_cache_root_hash: _Optional[int] = ...) -> None: ...
 
 class Parallelism(_message.Message):
     __slots__ = ("data_parallel_rank", "data_parallel_size", "tensor_parallel_size", "decode_context_parallel_size", "dcp_kv_interleave")
@@ -77,14 +81,26 @@ class GetLoadRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetLoadResponse(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "kv_usage")
+    __slots__ = ("num_running", "num_waiting", "kv_usage", "num_used_blocks", "num_cached_free_blocks", "num_free_blocks", "num_cached_blocks", "prefix_cache_query_tokens", "prefix_cache_hit_tokens")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
+    NUM_USED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERY_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     kv_usage: float
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ...) -> None: ...
+    num_used_blocks: int
+    num_cached_free_blocks: int
+    num_free_blocks: int
+    num_cached_blocks: int
+    prefix_cache_query_tokens: int
+    prefix_cache_hit_tokens: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., kv_usage: _Optional[float] = ..., num_used_blocks: _Optional[int] = ..., num_cached_free_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_cached_blocks: _Optional[int] = ..., prefix_cache_query_tokens: _Optional[int] = ..., prefix_cache_hit_tokens: _Optional[int] = ...) -> None: ...
 
 class AbortRequest(_message.Message):
     __slots__ = ("request_ids",)
@@ -97,3 +113,65 @@ class AbortResponse(_message.Message):
     ABORTED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     aborted_request_ids: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, aborted_request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ResetPrefixCacheRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ResetPrefixCacheResponse(_message.Message):
+    __slots__ = ("num_cleared_blocks",)
+    NUM_CLEARED_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    num_cleared_blocks: int
+    def __init__(self, num_cleared_blocks: _Optional[int] = ...) -> None: ...
+
+class WatchKvEventsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class KvBlock(_message.Message):
+    __slots__ = ("block_hash", "parent_hash", "num_tokens")
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    block_hash: int
+    parent_hash: int
+    num_tokens: int
+    def __init__(self, block_hash: _Optional[int] = ..., parent_hash: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class KvSnapshot(_message.Message):
+    __slots__ = ("blocks",)
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    blocks: _containers.RepeatedCompositeFieldContainer[KvBlock]
+    def __init__(self, blocks: _Optional[_Iterable[_Union[KvBlock, _Mapping]]] = ...) -> None: ...
+
+class BlockStored(_message.Message):
+    __slots__ = ("block",)
+    BLOCK_FIELD_NUMBER: _ClassVar[int]
+    block: KvBlock
+    def __init__(self, block: _Optional[_Union[KvBlock, _Mapping]] = ...) -> None: ...
+
+class BlockRemoved(_message.Message):
+    __slots__ = ("block_hash",)
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    block_hash: int
+    def __init__(self, block_hash: _Optional[int] = ...) -> None: ...
+
+class AllBlocksCleared(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WatchKvEventsResponse(_message.Message):
+    __slots__ = ("incarnation_id", "sequence_number", "snapshot", "stored", "removed", "cleared")
+    INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    CLEARED_FIELD_NUMBER: _ClassVar[int]
+    incarnation_id: str
+    sequence_number: int
+    snapshot: KvSnapshot
+    stored: BlockStored
+    removed: BlockRemoved
+    cleared: AllBlocksCleared
+    def __init__(self, incarnation_id: _Optional[str] = ..., sequence_number: _Optional[int] = ..., snapshot: _Optional[_Union[KvSnapshot, _Mapping]] = ..., stored: _Optional[_Union[BlockStored, _Mapping]] = ..., removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ...) -> None: ...

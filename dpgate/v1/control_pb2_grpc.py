@@ -56,6 +56,16 @@ class ControlServiceStub:
                 request_serializer=dpgate_dot_v1_dot_control__pb2.AbortRequest.SerializeToString,
                 response_deserializer=dpgate_dot_v1_dot_control__pb2.AbortResponse.FromString,
                 _registered_method=True)
+        self.ResetPrefixCache = channel.unary_unary(
+                '/dpgate.v1.ControlService/ResetPrefixCache',
+                request_serializer=dpgate_dot_v1_dot_control__pb2.ResetPrefixCacheRequest.SerializeToString,
+                response_deserializer=dpgate_dot_v1_dot_control__pb2.ResetPrefixCacheResponse.FromString,
+                _registered_method=True)
+        self.WatchKvEvents = channel.unary_stream(
+                '/dpgate.v1.ControlService/WatchKvEvents',
+                request_serializer=dpgate_dot_v1_dot_control__pb2.WatchKvEventsRequest.SerializeToString,
+                response_deserializer=dpgate_dot_v1_dot_control__pb2.WatchKvEventsResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -91,6 +101,21 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ResetPrefixCache(self, request, context):
+        """ResetPrefixCache forgets every cached KV block; blocks held by running requests stay theirs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchKvEvents(self, request, context):
+        """WatchKvEvents streams the engine's prefix cache: first a snapshot of every cached block, then
+        each change in order. A subscriber that falls behind gets a new snapshot, never a gap.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -113,6 +138,16 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=dpgate_dot_v1_dot_control__pb2.AbortRequest.FromString,
                     response_serializer=dpgate_dot_v1_dot_control__pb2.AbortResponse.SerializeToString,
+            ),
+            'ResetPrefixCache': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetPrefixCache,
+                    request_deserializer=dpgate_dot_v1_dot_control__pb2.ResetPrefixCacheRequest.FromString,
+                    response_serializer=dpgate_dot_v1_dot_control__pb2.ResetPrefixCacheResponse.SerializeToString,
+            ),
+            'WatchKvEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchKvEvents,
+                    request_deserializer=dpgate_dot_v1_dot_control__pb2.WatchKvEventsRequest.FromString,
+                    response_serializer=dpgate_dot_v1_dot_control__pb2.WatchKvEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -225,6 +260,60 @@ class ControlService:
             '/dpgate.v1.ControlService/Abort',
             dpgate_dot_v1_dot_control__pb2.AbortRequest.SerializeToString,
             dpgate_dot_v1_dot_control__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetPrefixCache(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpgate.v1.ControlService/ResetPrefixCache',
+            dpgate_dot_v1_dot_control__pb2.ResetPrefixCacheRequest.SerializeToString,
+            dpgate_dot_v1_dot_control__pb2.ResetPrefixCacheResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchKvEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/dpgate.v1.ControlService/WatchKvEvents',
+            dpgate_dot_v1_dot_control__pb2.WatchKvEventsRequest.SerializeToString,
+            dpgate_dot_v1_dot_control__pb2.WatchKvEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,

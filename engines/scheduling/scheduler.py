@@ -5,6 +5,13 @@ then the next chunk of running prefills, then new sequences from the waiting que
 possibly cut into chunks). When a running sequence needs a block and none is free, the newest
 running sequence is preempted by recompute: its blocks are freed and it waits at the front of
 the queue to prefill its prompt and output again. Pure bookkeeping: no torch.
+
+Prefix caching: a sequence taken from the queue first looks its leading full blocks up in the
+block manager's cache; the blocks found are shared into its table and its computed tokens start
+after them, so only the rest is prefilled (in chunks, within the budget, as any prompt). A
+request asking for prompt logprobs does not look up: every position it scores must be computed
+(its blocks are still registered for others). The token count taken from the cache at a
+request's first admission is what its usage reports.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engines.kv.block_manager import BlockManager, blocks_needed
+from engines.kv.block_manager import BlockManager, PrefixHit, blocks_needed
 
 if TYPE_CHECKING:
     from engines.scheduling.sequence import Sequence
@@ -112,15 +119,36 @@ class Scheduler:
             if output.num_preempted:
                 break  # blocks are short: let the running sequences drain first
             seq = self.waiting[0]
-            num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            if not self.block_manager.can_grow(seq.block_table, seq.num_computed_tokens + num_tokens):
+            hit = self._lookup(seq)
+            num_cached = len(hit.blocks) * self.block_manager.block_size
+            num_tokens = min(seq.num_tokens - num_cached, budget)
+            if not self.block_manager.can_take(hit, seq.block_table, num_cached + num_tokens):
                 break
             self.waiting.popleft()
             self.running.append(seq)
+            self._admit(seq, hit)
             self.block_manager.grow(seq.block_table, seq.num_computed_tokens + num_tokens)
             output.chunks.append(ScheduledChunk.of(seq, num_tokens))
             budget -= num_tokens
         return output
+
+    def cache_computed(self, seq: Sequence) -> None:
+        """After a step: register the sequence's blocks its keys and values now fill."""
+        self.block_manager.cache_blocks(seq.prefix, seq.block_table, seq.num_computed_tokens, lambda: seq.token_ids)
+
+    def _lookup(self, seq: Sequence) -> PrefixHit:
+        """The cached blocks a sequence leaving the queue can start from (none for prompt logprobs)."""
+        if seq.sampling.prompt_logprobs is not None or not self.block_manager.enable_caching:
+            return PrefixHit()
+        return self.block_manager.match_prefix(seq.prefix, seq.token_ids)
+
+    def _admit(self, seq: Sequence, hit: PrefixHit) -> None:
+        """Share the hit's blocks into the sequence's empty table; its computation starts after them."""
+        seq.prefix.serials = []
+        if self.block_manager.enable_caching and seq.sampling.prompt_logprobs is None:
+            seq.num_computed_tokens = self.block_manager.take(hit, seq.prefix, seq.block_table, seq.num_tokens)
+        if seq.num_cached_tokens is None:
+            seq.num_cached_tokens = seq.num_computed_tokens
 
     def _make_room(self, seq: Sequence, num_tokens: int, output: SchedulerOutput) -> bool:
         """Grow `seq`'s blocks for this chunk, preempting the newest running sequences as needed.

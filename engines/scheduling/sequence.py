@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engines.grammar.spec import GrammarSpec
+from engines.kv.block_manager import PrefixState
 from engines.sampling.params import InvalidRequestError, SamplingParams, StoppingParams
 from engines.sampling.tokens import SampledToken
 from engines.scheduling.detokenizer import Decoder, IncrementalDetokenizer
@@ -49,6 +50,7 @@ class StepOutput:
     stop_string: str | None = None
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens taken from the prefix cache at admission
     error: InvalidRequestError | None = None  # the request ended because its own rules conflict
 
 
@@ -71,6 +73,10 @@ class Sequence:
     generator: Any = None
     block_table: list[int] = field(default_factory=list)  # KV-cache blocks, owned via the BlockManager
     num_computed_tokens: int = 0  # tokens whose keys and values are in the cache
+    # Its place in the prefix cache (extra keys: tenant and cache_salt), and the prompt tokens the
+    # cache gave it at its first admission (None until admitted).
+    prefix: PrefixState = field(default_factory=PrefixState)
+    num_cached_tokens: int | None = None
     grammar_spec: GrammarSpec | None = None  # what structured_output asks for
     grammar: GrammarState | None = None  # its matcher, attached once the grammar has compiled
     error: InvalidRequestError | None = None
@@ -189,5 +195,6 @@ class Sequence:
             stop_string=self.stop_string,
             num_prompt_tokens=len(self.prompt_ids),
             num_generated_tokens=len(self.output_ids),
+            num_cached_tokens=self.num_cached_tokens or 0,
             error=self.error,
         )

@@ -2,13 +2,15 @@
 per-request output queues out.
 
 Synchronisation: the event loop never touches `LLMEngine`; it sends `AddRequest`/`AbortRequest`
-commands through a thread-safe queue. The engine thread drains commands before every step and
-hands the step's outputs back with one `loop.call_soon_threadsafe` a step (one wake-up of the loop,
-however many requests the step advanced), so every per-request `asyncio.Queue` is only ever used
-on the loop. Load figures are read from plain ints the engine
-thread publishes after each step. A request with a grammar is compiled on the grammar compiler's
-threads (awaited here, on neither the loop nor the engine thread) before the engine sees it, so a
-grammar that does not compile fails the call before any token.
+commands (and `ResetPrefixCache`, answered through a future) through a thread-safe queue. The
+engine thread drains commands before every step and hands the step's outputs back with one
+`loop.call_soon_threadsafe` a step (one wake-up of the loop, however many requests the step
+advanced), so every per-request `asyncio.Queue` is only ever used on the loop. Load figures are
+read from plain ints the engine thread publishes after each step. A request with a grammar is
+compiled on the grammar compiler's threads (awaited here, on neither the loop nor the engine
+thread) before the engine sees it, so a grammar that does not compile fails the call before any
+token. The block manager's prefix-cache
+events go to `kv_events` (thread-safe) after every step and every reset.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 from engines.engine import LLMEngine
 from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError
 from engines.scheduling.sequence import Sequence, StepOutput
+from engines.serving.kv_events import KvEventLog
 from engines.serving.request_builder import UnsupportedFeatureError
 
 if TYPE_CHECKING:
@@ -43,11 +46,28 @@ class AbortRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ResetPrefixCache:
+    done: asyncio.Future[int]  # set on the loop to the number of cached blocks forgotten
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     pass
 
 
-Command = AddRequest | AbortRequest | Shutdown
+Command = AddRequest | AbortRequest | ResetPrefixCache | Shutdown
+
+
+@dataclass(frozen=True, slots=True)
+class BlockCounts:
+    """The KV cache's blocks as the engine thread last saw them (GetLoad)."""
+
+    num_used: int = 0
+    num_cached_free: int = 0
+    num_free: int = 0
+    num_cached: int = 0
+    num_query_tokens: int = 0
+    num_hit_tokens: int = 0
 
 
 class EngineFailedError(RuntimeError):
@@ -55,9 +75,7 @@ class EngineFailedError(RuntimeError):
 
 
 class AsyncEngine:
-    def __init__(
-        self, engine: LLMEngine, loop: asyncio.AbstractEventLoop, grammars: GrammarCompiler | None = None
-    ):
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop, grammars: GrammarCompiler | None = None):
         self.engine = engine
         self.loop = loop
         self.grammars = grammars
@@ -66,6 +84,8 @@ class AsyncEngine:
         self.num_running = 0
         self.num_waiting = 0
         self.kv_usage = 0.0
+        self.blocks = BlockCounts(num_free=engine.block_manager.num_blocks)
+        self.kv_events = KvEventLog()
         self.on_step = None  # optional callback(engine) after each step, for metrics
         self.thread = threading.Thread(target=self._run, name="dpgate-engine", daemon=True)
         self.thread.start()
@@ -116,6 +136,12 @@ class AsyncEngine:
             self.commands.put(AbortRequest(rid))
         return active
 
+    async def reset_prefix_cache(self) -> int:
+        """Forget every cached block (on the engine thread, between steps); the number forgotten."""
+        done: asyncio.Future[int] = self.loop.create_future()
+        self.commands.put(ResetPrefixCache(done))
+        return await done
+
     def shutdown(self) -> None:
         self.commands.put(Shutdown())
         self.thread.join(timeout=10)
@@ -136,7 +162,11 @@ class AsyncEngine:
         """Apply one command; False means shut down."""
         if isinstance(command, Shutdown):
             return False
-        if isinstance(command, AddRequest):
+        if isinstance(command, ResetPrefixCache):
+            forgotten = self.engine.block_manager.num_cached_blocks
+            self.engine.reset_prefix_cache()
+            self.loop.call_soon_threadsafe(_resolve, command.done, forgotten)
+        elif isinstance(command, AddRequest):
             try:
                 self.engine.add(command.seq)
             except (QueueFullError, RequestTooLargeError) as refusal:
@@ -162,11 +192,25 @@ class AsyncEngine:
                         self.loop.call_soon_threadsafe(self._deliver_step, outputs)
                     if self.on_step is not None:
                         self.on_step(self.engine)
-                self.num_running, self.num_waiting = self.engine.num_running, self.engine.num_waiting
-                self.kv_usage = self.engine.kv_usage
+                self._publish()
             except Exception as error:  # a failing step must not hang its clients
                 logger.exception("engine step failed")
                 self._fail_running(error)
+
+    def _publish(self) -> None:
+        """Load figures and prefix-cache events, after a step or a command (engine thread)."""
+        self.num_running, self.num_waiting = self.engine.num_running, self.engine.num_waiting
+        self.kv_usage = self.engine.kv_usage
+        manager = self.engine.block_manager
+        self.blocks = BlockCounts(
+            manager.num_used_blocks,
+            manager.num_cached_free_blocks,
+            len(manager.free_blocks),
+            manager.num_cached_blocks,
+            manager.num_query_tokens,
+            manager.num_hit_tokens,
+        )
+        self.kv_events.publish(manager.drain_events())
 
     def _fail_running(self, error: Exception) -> None:
         """A step raised: every running request ends with the error rather than hanging, and
@@ -174,3 +218,8 @@ class AsyncEngine:
         for seq in list(self.engine.scheduler.running):
             self.engine.abort(seq.request_id)
             self.loop.call_soon_threadsafe(self._deliver, error, seq.request_id)
+
+
+def _resolve(future: asyncio.Future[int], value: int) -> None:
+    if not future.done():
+        future.set_result(value)

@@ -70,7 +70,12 @@ class ChatRun:
 
 
 def build_chat(
-    request: ChatLike, limits: ModelLimits, tokenizer: Decoder, template: ChatTemplate, parsing: ChatParsing
+    request: ChatLike,
+    limits: ModelLimits,
+    tokenizer: Decoder,
+    template: ChatTemplate,
+    parsing: ChatParsing,
+    tenant: str = "",
 ) -> ChatRun:
     check_model(request.model, limits)
     messages = [_message(index, message) for index, message in enumerate(request.messages)]
@@ -90,7 +95,7 @@ def build_chat(
     require(bool(prompt_ids), "messages must render to a prompt of at least one token")
     # Chat's default max_tokens is the rest of the context window, as OpenAI's and vLLM's chat is:
     # Generate's 16 would cut a tool call or an answer off mid-sentence.
-    sequence = assemble_sequence(request, prompt_ids, limits, tokenizer, default_max_tokens=None)
+    sequence = assemble_sequence(request, prompt_ids, limits, tokenizer, tenant, default_max_tokens=None)
     if constrained and not parsing.parse_tools:
         raise ToolCallsOffError(
             "tool_choice REQUIRED or a named tool needs tool-call parsing, which this engine has off "

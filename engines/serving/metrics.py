@@ -52,6 +52,22 @@ class EngineMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        # vLLM's names for the same facts: tokens looked up in the prefix cache, and found there.
+        self.prefix_queries = Counter(
+            "dpgate_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", registry=registry
+        )
+        self.prefix_hits = Counter(
+            "dpgate_prefix_cache_hits", "Prompt tokens found in the prefix cache (not recomputed).", registry=registry
+        )
+        self.prefix_blocks = Gauge(
+            "dpgate_prefix_cache_blocks", "KV-cache blocks registered in the prefix cache.", registry=registry
+        )
+        self.cached_free_blocks = Gauge(
+            "dpgate_prefix_cache_free_blocks",
+            "Cached KV-cache blocks no request holds (reusable by a hit, evicted first-freed first).",
+            registry=registry,
+        )
+        self._prefix_seen = (0, 0)  # the block manager's query and hit tokens at the last step
         self.step_time = Histogram(
             "dpgate_engine_step_seconds", "Duration of one engine step.", buckets=LATENCY_BUCKETS, registry=registry
         )
@@ -69,6 +85,8 @@ class EngineMetrics:
         self.running.set_function(lambda: engine.num_running)
         self.waiting.set_function(lambda: engine.num_waiting)
         self.kv_usage.set_function(lambda: engine.kv_usage)
+        self.prefix_blocks.set_function(lambda: engine.blocks.num_cached)
+        self.cached_free_blocks.set_function(lambda: engine.blocks.num_cached_free)
         engine.on_step = self.record_step
 
     def record_step(self, engine: LLMEngine) -> None:
@@ -77,6 +95,11 @@ class EngineMetrics:
         self.prompt_tokens.inc(stats.num_prompt_tokens)
         self.generated_tokens.inc(stats.num_generated_tokens)
         self.step_time.observe(stats.seconds)
+        manager = engine.block_manager
+        queries, hits = manager.num_query_tokens, manager.num_hit_tokens
+        self.prefix_queries.inc(queries - self._prefix_seen[0])
+        self.prefix_hits.inc(hits - self._prefix_seen[1])
+        self._prefix_seen = (queries, hits)
 
     def serve(self, host: str, port: int) -> None:
         start_http_server(port, addr=host, registry=self.registry)

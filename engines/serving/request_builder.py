@@ -15,11 +15,14 @@ from engines.grammar.spec import (
     json_schema_spec,
     regex_spec,
 )
+from engines.kv.block_manager import PrefixState
+from engines.kv.prefix_hash import extra_keys
 from engines.sampling.params import InvalidRequestError, SamplingParams, StoppingParams, require
 from engines.scheduling.detokenizer import Decoder
 from engines.scheduling.sequence import Sequence
 
 DEFAULT_MAX_TOKENS = 16
+MAX_CACHE_SALT_CHARS = 1024
 
 
 class UnknownModelError(LookupError):
@@ -44,9 +47,10 @@ GenerateLike = generate_pb2.GenerateRequest | generate_pb2.GenerateStreamRequest
 ChatLike = generate_pb2.ChatRequest | generate_pb2.ChatStreamRequest
 
 
-def build_sequence(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder) -> Sequence:
+def build_sequence(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder, tenant: str = "") -> Sequence:
+    """`tenant`: the gateway's x-dpgate-tenant; with the request's cache_salt, the prefix cache's extra keys."""
     check_model(request.model, limits)
-    return assemble_sequence(request, _prompt_ids(request, limits, tokenizer), limits, tokenizer)
+    return assemble_sequence(request, _prompt_ids(request, limits, tokenizer), limits, tokenizer, tenant)
 
 
 def check_model(model: str, limits: ModelLimits) -> None:
@@ -60,6 +64,7 @@ def assemble_sequence(
     prompt_ids: list[int],
     limits: ModelLimits,
     tokenizer: Decoder,
+    tenant: str = "",
     default_max_tokens: int | None = DEFAULT_MAX_TOKENS,
 ) -> Sequence:
     """The Sequence that runs `prompt_ids` with the request's generation fields (sampling, stopping,
@@ -84,7 +89,11 @@ def assemble_sequence(
         "structured_output needs a token that ends the output: with stopping.ignore_eos the model's eos tokens "
         "do not, so give stopping.stop_token_ids too",
     )
+    require(
+        len(request.cache_salt) <= MAX_CACHE_SALT_CHARS, f"cache_salt must be at most {MAX_CACHE_SALT_CHARS} characters"
+    )
     return Sequence(
+        prefix=PrefixState(extra=extra_keys(tenant, request.cache_salt)),
         request_id=request.request_id or uuid.uuid4().hex,
         prompt_ids=prompt_ids,
         sampling=sampling,

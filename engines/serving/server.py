@@ -27,6 +27,7 @@ from engines.engine import LLMEngine
 from engines.grammar.compiler import GrammarCompiler
 from engines.kernels import KernelBuildError
 from engines.kernels.cpu import cpu_info
+from engines.model.fingerprint import model_fingerprint
 from engines.model.numerics import Numerics, NumericsError, choose_numerics
 from engines.model.source import resolve_model
 from engines.serving.async_engine import AsyncEngine
@@ -85,7 +86,10 @@ async def serve(config: EngineConfig) -> int:
     logger.info("numerics: %s, on %s", numerics.describe(), cpu_info().describe())
     tokenizer = loaded.tokenizer
     grammars = GrammarCompiler(tokenizer.tokenizer, loaded.config.vocab_size, tokenizer.eos_token_ids)
-    engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop(), grammars)
+    plan = loaded.plan
+    fingerprint = await asyncio.to_thread(model_fingerprint, source, numerics, plan.dcp_size, plan.interleave)
+    core = LLMEngine(runner, config.scheduler_config, config.prefix_caching, fingerprint)
+    engine = AsyncEngine(core, asyncio.get_running_loop(), grammars)
     freeze_startup_heap()
     metrics.watch(engine)
     metrics.set_identity(config.data_parallel_rank, config.data_parallel_size, source.name, __version__)
@@ -105,6 +109,8 @@ async def serve(config: EngineConfig) -> int:
         kv_block_size=runner.block_size,
         num_kv_blocks=num_blocks,
         kv_capacity_tokens=model.kv_capacity_tokens,
+        prefix_caching=config.prefix_caching,
+        prefix_cache_root_hash=core.block_manager.root,
     )
     model_info = control_pb2.GetModelInfoResponse(
         model=source.name,

@@ -22,6 +22,7 @@ import grpc
 
 from dpgate.logs import request_id_var
 from dpgate.request_id import REQUEST_ID_KEY, resolve_request_id
+from dpgate.tenant import tenant_from_metadata
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
 from engines.chat.markers import ChatParsing
 from engines.chat.output_parser import (
@@ -38,6 +39,7 @@ from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError
 from engines.scheduling.sequence import FinishReason, Sequence, StepOutput
 from engines.serving.async_engine import AsyncEngine, EngineFailedError
 from engines.serving.chat_request import ChatRun, ToolCallsOffError, build_chat
+from engines.serving.kv_watch import watch_kv_events
 from engines.serving.metrics import EngineMetrics
 from engines.serving.request_builder import (
     ChatLike,
@@ -91,6 +93,11 @@ def invalid_body_counter(metrics: EngineMetrics) -> Callable[[str], None]:
     return count
 
 
+def request_tenant(context: grpc.aio.ServicerContext) -> str:
+    """The tenant the gateway bound the call to (x-dpgate-tenant; "" without one)."""
+    return tenant_from_metadata(context.invocation_metadata())
+
+
 def call_request_id(context: grpc.aio.ServicerContext) -> str:
     """The call's x-request-id, or a new one (logged) when the one sent cannot be used."""
     sent = [value for key, value in context.invocation_metadata() or () if key == REQUEST_ID_KEY]
@@ -128,6 +135,7 @@ def finish_info(output: StepOutput) -> generate_pb2.FinishInfo:
         reason=_WIRE_FINISH[output.finish_reason],
         num_prompt_tokens=output.num_prompt_tokens,
         num_generated_tokens=output.num_generated_tokens,
+        num_cached_prompt_tokens=output.num_cached_tokens,
     )
     if output.stop_string is not None:
         info.stop_string = output.stop_string
@@ -196,7 +204,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
 
     async def Generate(self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         response = generate_pb2.GenerateResponse()
-        build = functools.partial(build_sequence, request, self.limits, self.tokenizer)
+        build = functools.partial(build_sequence, request, self.limits, self.tokenizer, request_tenant(context))
         async for _, output in self._run("Generate", build, context):
             response.request_id = output.request_id
             response.text += output.text
@@ -211,7 +219,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         self, request: generate_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[generate_pb2.GenerateStreamResponse]:
         first = True
-        build = functools.partial(build_sequence, request, self.limits, self.tokenizer)
+        build = functools.partial(build_sequence, request, self.limits, self.tokenizer, request_tenant(context))
         async for seq, output in self._run("GenerateStream", build, context):
             if first:
                 prompt = generate_pb2.PromptInfo(
@@ -227,10 +235,11 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             if output.finish_reason is not None:
                 yield generate_pb2.GenerateStreamResponse(finish=finish_info(output))
 
-    def _chat_run(self, request: ChatLike) -> ChatRun:
+    def _chat_run(self, request: ChatLike, context: grpc.aio.ServicerContext) -> ChatRun:
         if self.chat_template is None:
             raise NoChatTemplateError()
-        return build_chat(request, self.limits, self.tokenizer, self.chat_template, self.chat_parsing)
+        tenant = request_tenant(context)
+        return build_chat(request, self.limits, self.tokenizer, self.chat_template, self.chat_parsing, tenant)
 
     def _parser(self, run: ChatRun) -> ChatOutputParser:
         return ChatOutputParser.for_parsing(run.parsing, run.thinking, request_id=run.sequence.request_id)
@@ -241,7 +250,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         text = ""
 
         def build() -> Sequence:
-            runs.append(self._chat_run(request))
+            runs.append(self._chat_run(request, context))
             return runs[0].sequence
 
         async for _, output in self._run("Chat", build, context):
@@ -266,7 +275,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         runs: list[ChatRun] = []
 
         def build() -> Sequence:
-            runs.append(self._chat_run(request))
+            runs.append(self._chat_run(request, context))
             return runs[0].sequence
 
         parser: ChatOutputParser | None = None
@@ -354,11 +363,28 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
 
     async def GetLoad(self, request, context) -> control_pb2.GetLoadResponse:
         self.metrics.requests.labels(rpc="GetLoad", code="OK").inc()
+        blocks = self.engine.blocks
         return control_pb2.GetLoadResponse(
             num_running=self.engine.num_running,
             num_waiting=self.engine.num_waiting,
             kv_usage=self.engine.kv_usage,
+            num_used_blocks=blocks.num_used,
+            num_cached_free_blocks=blocks.num_cached_free,
+            num_free_blocks=blocks.num_free,
+            num_cached_blocks=blocks.num_cached,
+            prefix_cache_query_tokens=blocks.num_query_tokens,
+            prefix_cache_hit_tokens=blocks.num_hit_tokens,
         )
+
+    async def ResetPrefixCache(self, request, context) -> control_pb2.ResetPrefixCacheResponse:
+        self.metrics.requests.labels(rpc="ResetPrefixCache", code="OK").inc()
+        return control_pb2.ResetPrefixCacheResponse(num_cleared_blocks=await self.engine.reset_prefix_cache())
+
+    async def WatchKvEvents(self, request, context) -> AsyncIterator[control_pb2.WatchKvEventsResponse]:
+        """A snapshot, then every event in order; a new snapshot whenever this subscriber fell behind."""
+        self.metrics.requests.labels(rpc="WatchKvEvents", code="OK").inc()
+        async for message in watch_kv_events(self.engine.kv_events):
+            yield message
 
     async def Abort(self, request: control_pb2.AbortRequest, context) -> control_pb2.AbortResponse:
         self.metrics.requests.labels(rpc="Abort", code="OK").inc()

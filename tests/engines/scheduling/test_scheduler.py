@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engines.kv.block_manager import BlockManager
-from engines.sampling.params import StoppingParams
+from engines.kv.block_manager import BlockManager, PrefixState
+from engines.sampling.params import SamplingParams, StoppingParams
 from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError, Scheduler, SchedulerConfig
 
 
@@ -21,6 +21,13 @@ class FakeSequence:
     output_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prefix: PrefixState = field(default_factory=PrefixState)
+    num_cached_tokens: int | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
 
     @property
     def stopping(self) -> StoppingParams:
@@ -31,8 +38,8 @@ class FakeSequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
 
-def make(num_blocks=16, block_size=4, **config) -> Scheduler:
-    return Scheduler(SchedulerConfig(**config), BlockManager(num_blocks, block_size))
+def make(num_blocks=16, block_size=4, caching=False, **config) -> Scheduler:
+    return Scheduler(SchedulerConfig(**config), BlockManager(num_blocks, block_size, enable_caching=caching))
 
 
 def run_step(scheduler: Scheduler):
@@ -40,6 +47,7 @@ def run_step(scheduler: Scheduler):
     output = scheduler.schedule()
     for chunk in output.chunks:
         chunk.seq.num_computed_tokens = chunk.start + chunk.num_tokens
+        scheduler.cache_computed(chunk.seq)
         if chunk.samples:
             chunk.seq.output_ids.append(7)
     scheduler.block_manager.check_invariants(s.block_table for s in scheduler.running)
@@ -119,3 +127,39 @@ def test_a_full_waiting_queue_refuses_new_requests():
     scheduler.add(FakeSequence("a", [1]))
     with pytest.raises(QueueFullError, match="waiting queue is full"):
         scheduler.add(FakeSequence("b", [1]))
+
+
+def test_a_cached_prefix_starts_the_sequence_after_it_and_the_rest_is_chunked():
+    scheduler = make(num_blocks=16, block_size=4, caching=True, max_num_batched_tokens=4)
+    first = FakeSequence("a", list(range(14)), max_tokens=1)
+    scheduler.add(first)
+    while first.output_ids == []:
+        run_step(scheduler)
+    scheduler.finish(first)  # its blocks stay cached, unreferenced
+    second = FakeSequence("b", [*list(range(12)), 90, 91, 92, 93, 94], max_tokens=1)
+    scheduler.add(second)
+    output = run_step(scheduler)
+    assert second.num_cached_tokens == 12
+    assert [(c.seq.request_id, c.start, c.num_tokens) for c in output.chunks][-1] == ("b", 12, 4)
+    assert scheduler.block_manager.ref_counts[second.block_table[0]] == 1  # revived from the LRU
+
+
+def test_preempting_a_sequence_that_shares_blocks_keeps_the_other_ones():
+    scheduler = make(num_blocks=6, block_size=4, caching=True, max_num_batched_tokens=64)
+    a = FakeSequence("a", list(range(9)), max_tokens=12)
+    scheduler.add(a)
+    run_step(scheduler)
+    b = FakeSequence("b", [*list(range(8)), 50], max_tokens=12)
+    scheduler.add(b)
+    run_step(scheduler)
+    assert b.num_cached_tokens == 8 and b.block_table[:2] == a.block_table[:2]
+    preempted = 0
+    for _ in range(30):
+        preempted += run_step(scheduler).num_preempted
+        if not scheduler.running and not scheduler.waiting:
+            break
+        for seq in list(scheduler.running):
+            if len(seq.output_ids) >= seq.max_tokens:
+                scheduler.finish(seq)
+    assert preempted > 0
+    assert len(a.output_ids) >= 12 and len(b.output_ids) >= 12
