@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64pgate/v1/control.proto\x12\tdpgate.v1\"\x16\n\x14GetServerInfoRequest\"\xc5\x01\n\x15GetServerInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12+\n\x0bparallelism\x18\x02 \x01(\x0b\x32\x16.dpgate.v1.Parallelism\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x15\n\rkv_block_size\x18\x05 \x01(\r\x12\x15\n\rnum_kv_blocks\x18\x06 \x01(\r\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x04\"\xa4\x01\n\x0bParallelism\x12\x1a\n\x12\x64\x61ta_parallel_rank\x18\x01 \x01(\r\x12\x1a\n\x12\x64\x61ta_parallel_size\x18\x02 \x01(\r\x12\x1c\n\x14tensor_parallel_size\x18\x03 \x01(\r\x12$\n\x1c\x64\x65\x63ode_context_parallel_size\x18\x04 \x01(\r\x12\x19\n\x11\x64\x63p_kv_interleave\x18\x05 \x01(\r\"\x15\n\x13GetModelInfoRequest\"\x85\x02\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x19\n\x0c\x62os_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x14\n\x0cquantization\x18\x08 \x01(\t\x12\x0f\n\x07kernels\x18\t \x01(\t\x12\x17\n\x0f\x62\x61tch_invariant\x18\n \x01(\x08\x12\x0b\n\x03\x63pu\x18\x0b \x01(\tB\x0f\n\r_bos_token_id\"\x10\n\x0eGetLoadRequest\"M\n\x0fGetLoadResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x10\n\x08kv_usage\x18\x03 \x01(\x02\"#\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\",\n\rAbortResponse\x12\x1b\n\x13\x61\x62orted_request_ids\x18\x01 \x03(\t2\xb3\x02\n\x0e\x43ontrolService\x12R\n\rGetServerInfo\x12\x1f.dpgate.v1.GetServerInfoRequest\x1a .dpgate.v1.GetServerInfoResponse\x12O\n\x0cGetModelInfo\x12\x1e.dpgate.v1.GetModelInfoRequest\x1a\x1f.dpgate.v1.GetModelInfoResponse\x12@\n\x07GetLoad\x12\x19.dpgate.v1.GetLoadRequest\x1a\x1a.dpgate.v1.GetLoadResponse\x12:\n\x05\x41\x62ort\x12\x17.dpgate.v1.AbortRequest\x1a\x18.dpgate.v1.AbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64pgate/v1/control.proto\x12\tdpgate.v1\"\x16\n\x14GetServerInfoRequest\"\xc5\x01\n\x15GetServerInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12+\n\x0bparallelism\x18\x02 \x01(\x0b\x32\x16.dpgate.v1.Parallelism\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x15\n\rkv_block_size\x18\x05 \x01(\r\x12\x15\n\rnum_kv_blocks\x18\x06 \x01(\r\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x04\"\xa4\x01\n\x0bParallelism\x12\x1a\n\x12\x64\x61ta_parallel_rank\x18\x01 \x01(\r\x12\x1a\n\x12\x64\x61ta_parallel_size\x18\x02 \x01(\r\x12\x1c\n\x14tensor_parallel_size\x18\x03 \x01(\r\x12$\n\x1c\x64\x65\x63ode_context_parallel_size\x18\x04 \x01(\r\x12\x19\n\x11\x64\x63p_kv_interleave\x18\x05 \x01(\r\"\x15\n\x13GetModelInfoRequest\"\xa7\x03\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x19\n\x0c\x62os_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x14\n\x0cquantization\x18\x08 \x01(\t\x12\x0f\n\x07kernels\x18\t \x01(\t\x12\x17\n\x0f\x62\x61tch_invariant\x18\n \x01(\x08\x12\x0b\n\x03\x63pu\x18\x0b \x01(\t\x12\x13\n\x0bnum_threads\x18\x0c \x01(\r\x12.\n\rthread_source\x18\r \x01(\x0e\x32\x17.dpgate.v1.ThreadSource\x12\x13\n\x0busable_cpus\x18\x0e \x01(\r\x12\x17\n\x0fomp_wait_policy\x18\x0f \x01(\t\x12-\n\rthread_trials\x18\x10 \x03(\x0b\x32\x16.dpgate.v1.ThreadTrialB\x0f\n\r_bos_token_id\"f\n\x0bThreadTrial\x12\x13\n\x0bnum_threads\x18\x01 \x01(\r\x12\x17\n\x0fone_row_step_ms\x18\x02 \x01(\x01\x12\x15\n\rbatch_step_ms\x18\x03 \x01(\x01\x12\x12\n\nbatch_rows\x18\x04 \x01(\r\"\x10\n\x0eGetLoadRequest\"M\n\x0fGetLoadResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x10\n\x08kv_usage\x18\x03 \x01(\x02\"#\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\",\n\rAbortResponse\x12\x1b\n\x13\x61\x62orted_request_ids\x18\x01 \x03(\t*\x9f\x01\n\x0cThreadSource\x12\x1d\n\x19THREAD_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n\x12THREAD_SOURCE_FLAG\x10\x01\x12\x1a\n\x16THREAD_SOURCE_MEASURED\x10\x02\x12\x19\n\x15THREAD_SOURCE_ONE_CPU\x10\x03\x12!\n\x1dTHREAD_SOURCE_TENSOR_PARALLEL\x10\x04\x32\xb3\x02\n\x0e\x43ontrolService\x12R\n\rGetServerInfo\x12\x1f.dpgate.v1.GetServerInfoRequest\x1a .dpgate.v1.GetServerInfoResponse\x12O\n\x0cGetModelInfo\x12\x1e.dpgate.v1.GetModelInfoRequest\x1a\x1f.dpgate.v1.GetModelInfoResponse\x12@\n\x07GetLoad\x12\x19.dpgate.v1.GetLoadRequest\x1a\x1a.dpgate.v1.GetLoadResponse\x12:\n\x05\x41\x62ort\x12\x17.dpgate.v1.AbortRequest\x1a\x18.dpgate.v1.AbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dpgate.v1.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_THREADSOURCE']._serialized_start=1163
+  _globals['_THREADSOURCE']._serialized_end=1322
   _globals['_GETSERVERINFOREQUEST']._serialized_start=38
   _globals['_GETSERVERINFOREQUEST']._serialized_end=60
   _globals['_GETSERVERINFORESPONSE']._serialized_start=63
@@ -40,15 +42,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETMODELINFOREQUEST']._serialized_start=429
   _globals['_GETMODELINFOREQUEST']._serialized_end=450
   _globals['_GETMODELINFORESPONSE']._serialized_start=453
-  _globals['_GETMODELINFORESPONSE']._serialized_end=714
-  _globals['_GETLOADREQUEST']._serialized_start=716
-  _globals['_GETLOADREQUEST']._serialized_end=732
-  _globals['_GETLOADRESPONSE']._serialized_start=734
-  _globals['_GETLOADRESPONSE']._serialized_end=811
-  _globals['_ABORTREQUEST']._serialized_start=813
-  _globals['_ABORTREQUEST']._serialized_end=848
-  _globals['_ABORTRESPONSE']._serialized_start=850
-  _globals['_ABORTRESPONSE']._serialized_end=894
-  _globals['_CONTROLSERVICE']._serialized_start=897
-  _globals['_CONTROLSERVICE']._serialized_end=1204
+  _globals['_GETMODELINFORESPONSE']._serialized_end=876
+  _globals['_THREADTRIAL']._serialized_start=878
+  _globals['_THREADTRIAL']._serialized_end=980
+  _globals['_GETLOADREQUEST']._serialized_start=982
+  _globals['_GETLOADREQUEST']._serialized_end=998
+  _globals['_GETLOADRESPONSE']._serialized_start=1000
+  _globals['_GETLOADRESPONSE']._serialized_end=1077
+  _globals['_ABORTREQUEST']._serialized_start=1079
+  _globals['_ABORTREQUEST']._serialized_end=1114
+  _globals['_ABORTRESPONSE']._serialized_start=1116
+  _globals['_ABORTRESPONSE']._serialized_end=1160
+  _globals['_CONTROLSERVICE']._serialized_start=1325
+  _globals['_CONTROLSERVICE']._serialized_end=1632
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,10 @@
 """Bridges the synchronous engine core to asyncio: one engine thread, typed commands in,
 per-request output queues out.
 
+The engine loop runs on an `EngineThread`: the server passes the one it loaded and warmed the
+model on, so the steps run on the thread whose OpenMP team torch already has (engine_thread.py
+says why a second team costs two thirds of the speed).
+
 Synchronisation: the event loop never touches `LLMEngine`; it sends `AddRequest`/`AbortRequest`
 commands through a thread-safe queue. The engine thread drains commands before every step and
 hands each `StepOutput` back with `loop.call_soon_threadsafe`, so every per-request
@@ -15,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING
 from engines.engine import LLMEngine
 from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError
 from engines.scheduling.sequence import Sequence, StepOutput
+from engines.serving.engine_thread import EngineThread
 from engines.serving.request_builder import UnsupportedFeatureError
 
 if TYPE_CHECKING:
@@ -55,7 +59,11 @@ class EngineFailedError(RuntimeError):
 
 class AsyncEngine:
     def __init__(
-        self, engine: LLMEngine, loop: asyncio.AbstractEventLoop, grammars: GrammarCompiler | None = None
+        self,
+        engine: LLMEngine,
+        loop: asyncio.AbstractEventLoop,
+        grammars: GrammarCompiler | None = None,
+        thread: EngineThread | None = None,
     ):
         self.engine = engine
         self.loop = loop
@@ -66,8 +74,8 @@ class AsyncEngine:
         self.num_waiting = 0
         self.kv_usage = 0.0
         self.on_step = None  # optional callback(engine) after each step, for metrics
-        self.thread = threading.Thread(target=self._run, name="dpgate-engine", daemon=True)
-        self.thread.start()
+        self.thread = thread or EngineThread()
+        self._loop_done = self.thread.submit(self._run)
 
     def is_active(self, request_id: str) -> bool:
         return request_id in self.streams
@@ -117,7 +125,7 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         self.commands.put(Shutdown())
-        self.thread.join(timeout=10)
+        self.thread.stop(timeout=10)
 
     def _deliver(self, output: StepOutput | BaseException, request_id: str) -> None:
         stream = self.streams.get(request_id)
