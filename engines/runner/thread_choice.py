@@ -15,7 +15,9 @@ The trial: after warm-up, on the thread that will step the engine, decode steps 
 `batch_rows` rows, each candidate thread count in turn, `rounds` times interleaved so a burst of
 load falls on every candidate alike; a candidate's score is the median over rounds of its summed
 step times, and the fewest threads within `TIE` of the best score win (a thread that does not
-clearly help is left to the neighbours). `--num-threads` skips the trial.
+clearly help is left to the neighbours). A candidate `DROP` times slower than the best in the
+first round is not run again (on the busy VM two spinning threads took 2.4 s a step: three rounds
+of them would add most of a minute to start-up). `--num-threads` skips the trial.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from enum import Enum
 import torch
 
 TIE = 0.03  # a candidate within 3% of the best is as good: fewer threads win
+DROP = 2.0  # a candidate this many times slower than the best in the first round runs no more rounds
 
 
 class ThreadSource(Enum):
@@ -102,8 +105,12 @@ def measure_threads(
     OpenMP team are the calling thread's); leaves torch at the last count tried."""
     one_row: dict[int, list[float]] = {count: [] for count in counts}
     batch: dict[int, list[float]] = {count: [] for count in counts}
-    for _ in range(rounds):
-        for count in counts:
+    running = list(counts)
+    for round_ in range(rounds):
+        if round_ == 1:  # a count twice as slow as the best cannot win: spare the start-up its rounds
+            first = {count: one_row[count][0] + batch[count][0] for count in counts}
+            running = [count for count in counts if first[count] <= DROP * min(first.values())]
+        for count in running:
             torch.set_num_threads(count)
             one_row_step()  # the first region at a new count resizes the team: untimed
             started = clock()

@@ -71,3 +71,16 @@ def test_the_choice_describes_itself_with_the_wait_policy(monkeypatch):
     assert ThreadChoice(2, ThreadSource.FLAG, 2).describe() == (
         "2 thread(s) of 2 usable CPU(s), --num-threads; OpenMP wait policy default"
     )
+
+
+def test_a_count_twice_as_slow_in_the_first_round_is_not_run_again():
+    before = torch.get_num_threads()
+    clock = FakeClock({1: 10.0, 2: 200.0}, {1: 40.0, 2: 400.0})
+    calls = []
+    one_row = lambda: (calls.append(torch.get_num_threads()), clock.one_row())  # noqa: E731
+    try:
+        trials = measure_threads(one_row, clock.batch, [2, 1], rounds=3, steps_per_round=2, clock=clock)
+    finally:
+        torch.set_num_threads(before)
+    assert calls.count(2) == 3 and calls.count(1) == 9  # 2 threads: one round (warm-up step + 2 timed)
+    assert pick(trials).num_threads == 1
