@@ -168,7 +168,37 @@ def llamacpp_rows(record: dict) -> list[Row]:
     ]  # fmt: skip
 
 
+def served_rows(record: dict) -> list[Row]:
+    """served_vs_core.py: dpgate over gRPC against its own core in-process (the ceiling; 0.9 the target)."""
+    results, cpu = record["results"], cpu_label(record["machine"])
+    figures = (
+        ("batch1_decode", f"batch-1 decode ({results['decode_tokens']} tokens), served over gRPC", "tok/s"),
+        ("in_flight", f"{results['concurrency']} in flight x {results['prompt_tokens']}+{results['output_tokens']}"
+                      " tokens, served over gRPC", "output tok/s"),
+    )  # fmt: skip
+    return [
+        Row(figure, results[key]["served"], "its own core in-process", results[key]["core"], unit, "higher", cpu)
+        for key, figure, unit in figures
+    ]
+
+
+def vllm_rows(record: dict) -> list[Row]:
+    """engine_vs_vllm.py: dpgate as served against vLLM's CPU build; figures are {figure: {system: value}}
+    with dpgate's system first, and the sweep's TTFT p50 at each in-flight count (lower is better)."""
+    results, cpu = record["results"], cpu_label(record["machine"])
+    rows = []
+    for figure, by_system in results["figures"].items():
+        (_, dpgate_value), (peer, peer_value) = by_system.items()
+        rows.append(Row(figure.rsplit(" (", 1)[0], dpgate_value, peer, peer_value, "tok/s", "higher", cpu))
+    (_, sweep), (peer, peer_sweep) = results["sweep"].items()
+    for in_flight, figures in sweep.items():
+        rows.append(Row(f"TTFT p50 at {in_flight} in flight", figures["ttft_p50_ms"], peer,
+                        peer_sweep[in_flight]["ttft_p50_ms"], "ms", "lower", cpu))  # fmt: skip
+    return rows
+
+
 ROWS = {
+    "served_vs_core": served_rows,
     "engine_vs_llamacpp": llamacpp_rows,
     "throughput": throughput_rows,
     "engine_vs_transformers": engine_rows,
