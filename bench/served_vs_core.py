@@ -162,6 +162,28 @@ def stop_engine(engine: subprocess.Popen) -> None:
             engine.wait()
 
 
+class ServedEngine:
+    """`dpgate engine` with its default flags for the length of a `with` block, for benches that
+    put the served figure beside their in-process ones (one engine process, many calls)."""
+
+    def __enter__(self) -> ServedEngine:
+        self.port = free_port()
+        self.engine = start_engine(self.port)
+        asyncio.run(self._call(lambda stub: wait_serving(stub, self.engine)))
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        stop_engine(self.engine)
+
+    async def _call(self, work):
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.port}") as channel:
+            return await work(generate_pb2_grpc.InferenceServiceStub(channel))
+
+    def decode_rate(self, num_tokens: int) -> float:
+        """Batch-1 decode tok/s of one streamed request (the same prompt and rule as the core's)."""
+        return asyncio.run(self._call(lambda stub: served_decode_rate(stub, num_tokens)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
