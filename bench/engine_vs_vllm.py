@@ -5,9 +5,10 @@ packaged Q4_1 GGUF) called over gRPC (`GenerateStream`); vLLM is `vllm serve` (`
 bfloat16, from the same GGUF dequantized into a Hugging Face directory; bench/vllm_peer.py installs
 it into its own venv under the cache directory, minutes the first time, and vLLM takes about two
 minutes to start on 2 cores) called over its OpenAI API (`/v1/completions`, streamed, token-id
-prompts, `ignore_eos`). Both run at once with the same threads; each figure runs on one, then the
-other, after one warm-up round. Greedy, eos ignored, prompts random token ids, fresh per round
-(no prefix-cache hits). Figures, from the client's clock (what a user sees):
+prompts, `ignore_eos`). Both run at once; dpgate with the threads its start-up trial picks, vLLM
+with its own CPU setup (on 2 CPUs it binds its engine core to one and keeps the other for its
+front end); each figure runs on one, then the other, after one warm-up round. Greedy, eos ignored,
+prompts random token ids, fresh per round (no prefix-cache hits). Figures, from the client's clock (what a user sees):
 
 - batch-1 decode tok/s: one request of `--decode-tokens`; (tokens - 1) / (first to last token);
 - prefill tok/s: one `--prompt-tokens` prompt, max_tokens 1; prompt tokens / time to the token;

@@ -205,6 +205,7 @@ def vllm_rows(record: dict) -> list[Row]:
 
 
 ROWS = {
+    "engine_vs_vllm": vllm_rows,
     "served_vs_core": served_rows,
     "engine_vs_llamacpp": llamacpp_rows,
     "throughput": throughput_rows,
