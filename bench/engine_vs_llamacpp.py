@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -206,6 +207,22 @@ def measure(args: argparse.Namespace) -> tuple[str, list[dict], dict[str, str]]:
     return peers["dpgate"].ready["machine"], table_rows(args.sizes, samples), described
 
 
+def prompt_check(directory: Path, threads: int, run=subprocess.run) -> str | None:
+    """Run one 64-token prompt through the llama.cpp build in `directory`, in a process of its own:
+    None when it answers, else how the process died (ggml's AMX kernels die by SIGILL on some CPUs
+    that list AMX, on prompts only, so a decode alone proves nothing)."""
+    command = [sys.executable, __file__, "--serve-peer", "llama.cpp", "--llamacpp-dir", str(directory),
+               "--threads", str(threads), "--max-model-len", "128", "--concurrency", "1"]  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(BENCH_DIR.parent), os.environ.get("PYTHONPATH", "")]))
+    task = json.dumps({"task": "prefill", "prompt": make_prompts(1, 64, seed=0)[0]}) + "\n"
+    result = run(command, input=task, capture_output=True, text=True, env=env, timeout=300)
+    if result.returncode < 0:
+        return f"died by {signal.Signals(-result.returncode).name}"
+    if result.returncode != 0 or '"value"' not in result.stdout:
+        return f"failed (exit status {result.returncode}): {result.stdout.strip()[-200:]}"
+    return None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quantization", default="int8", help="dpgate's weights, as `dpgate engine --quantization`")
@@ -244,10 +261,16 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(BENCH_DIR.parent))
     from llamacpp_build import find_or_build, location_for
 
-    isa = args.isa or "native"
-    location = location_for(isa) if args.no_build else find_or_build(isa, log=lambda text: print(text, flush=True))
-    if not location.is_built:
-        raise SystemExit(f"--no-build: llama.cpp is not built in {location.directory}; run bench/llamacpp_build.py")
+    def locate(isa: str):
+        location = location_for(isa) if args.no_build else find_or_build(isa, log=lambda text: print(text, flush=True))
+        if not location.is_built:
+            raise SystemExit(f"--no-build: llama.cpp is not built in {location.directory}; run bench/llamacpp_build.py")
+        return location
+
+    location = locate(args.isa or "native")
+    if args.isa is None and (death := prompt_check(location.directory, args.threads)) is not None:
+        print(f"llama.cpp's native build {death} on a prompt on this CPU: using the build without AMX", flush=True)
+        location = locate("no-amx")
     args.llamacpp_dir = str(location.directory)
     machine, rows, described = measure(args)
     machine += f"; {args.threads} threads per peer, {args.clock} clock"

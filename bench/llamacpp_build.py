@@ -9,10 +9,14 @@ it from there (sys.path) without touching the network or the compiler.
 
 One build per CPU flag set and ISA cap: `isa="native"` lets ggml use everything the CPU has
 (-march=native); `isa="avx2"` turns AVX-512 off, to emulate an AVX2-only machine on an AVX-512 one
-(ggml has no run-time switch for it). A build that fails leaves no directory behind, so the next
-run tries again instead of importing half a package.
+(ggml has no run-time switch for it); `isa="no-amx"` turns on each x86 extension the CPU lists
+except AMX, for CPUs where ggml's AMX kernels die (SIGILL in `tileloadd` on an Intel Xeon whose
+kernel grants AMX): bench/engine_vs_llamacpp.py runs a prompt through the native build at start-up
+and falls back to this one when that kills the process, since a CPU flag did not prove it works.
+A build that fails leaves no directory behind, so the next run tries again instead of importing
+half a package.
 
-    python bench/llamacpp_build.py [--isa native|avx2]     # build now (minutes), print the path
+    python bench/llamacpp_build.py [--isa native|avx2|no-amx]   # build now (minutes), print the path
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
-ISAS = ("native", "avx2")
+ISAS = ("native", "avx2", "no-amx")
 
 # ggml's CMake options per ISA cap; the common part keeps the build to the CPU library alone.
 _COMMON_CMAKE = ("-DGGML_OPENMP=ON", "-DLLAVA_BUILD=OFF", "-DGGML_BLAS=OFF", "-DLLAMA_CURL=OFF")
@@ -70,7 +74,20 @@ class LlamaCppBuild:
         return has_library and (self.directory / "diskcache" / "__init__.py").is_file()
 
 
-def cmake_args(isa: str) -> tuple[str, ...]:
+# ggml's x86 options for the "no-amx" build, by the /proc/cpuinfo flag that allows each.
+_NO_AMX_OPTIONS = (
+    ("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"), ("bmi2", "GGML_BMI2"),
+    ("avx512f", "GGML_AVX512"), ("avx512vbmi", "GGML_AVX512_VBMI"), ("avx512_vnni", "GGML_AVX512_VNNI"),
+    ("avx512_bf16", "GGML_AVX512_BF16"), ("avx_vnni", "GGML_AVX_VNNI"),
+)  # fmt: skip
+_AMX_OFF = ("-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF")
+
+
+def cmake_args(isa: str, cpu_flags: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """ggml's CMake options for `isa`; "no-amx" needs the CPU's flags (each extension it has, on)."""
+    if isa == "no-amx":
+        options = tuple(f"-D{option}={'ON' if flag in cpu_flags else 'OFF'}" for flag, option in _NO_AMX_OPTIONS)
+        return (*_COMMON_CMAKE, "-DGGML_NATIVE=OFF", *options, *_AMX_OFF)
     if isa not in _ISA_CMAKE:
         raise ValueError(f"isa must be one of {', '.join(ISAS)}, not {isa!r}")
     return _COMMON_CMAKE + _ISA_CMAKE[isa]
@@ -78,7 +95,7 @@ def cmake_args(isa: str) -> tuple[str, ...]:
 
 def flags_hash(cpu_flags: frozenset[str], isa: str) -> str:
     """Names the build by what it was compiled for: a native build is only valid on the same flags."""
-    text = isa + ":" + " ".join(sorted(cpu_flags)) + ":" + " ".join(cmake_args(isa))
+    text = isa + ":" + " ".join(sorted(cpu_flags)) + ":" + " ".join(cmake_args(isa, cpu_flags))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -86,7 +103,7 @@ def build_location(
     cache_dir: Path, cpu_flags: frozenset[str], isa: str = "native", version: str = LLAMA_CPP_PYTHON_VERSION
 ) -> LlamaCppBuild:
     directory = cache_dir / "llamacpp" / f"{version}-{isa}-{flags_hash(cpu_flags, isa)}"
-    return LlamaCppBuild(directory, version, isa, cmake_args(isa))
+    return LlamaCppBuild(directory, version, isa, cmake_args(isa, cpu_flags))
 
 
 # What `import llama_cpp` needs beside numpy, jinja2 and typing-extensions (already in dpgate's

@@ -61,6 +61,12 @@ BENCHMARKS = (
         480,
     ),
     Benchmark("engine_vs_transformers", (), ("--tokens", "16", "--repeats", "1"), 120),
+    Benchmark(
+        "served_vs_core",
+        (),
+        ("--repeats", "1", "--decode-tokens", "16", "--prompt-tokens", "64", "--output-tokens", "16"),
+        150,
+    ),
     Benchmark("dcp_scaling", (), ("--contexts", "512", "2048", "--steps", "2"), 60),
     Benchmark("gateway_overhead", (), ("--calls", "50", "--duration", "0.5", "--concurrency", "8"), 60),
     Benchmark("http_overhead", (), ("--calls", "50", "--duration", "0.5", "--concurrency", "8"), 30),
@@ -88,6 +94,14 @@ BENCHMARKS = (
         optional=True,
     ),
     Benchmark("step_split", (), ("--batch", "1", "--steps", "4"), 60, optional=True),
+    # Installs vLLM's CPU build into its own venv the first time (minutes); --quick never installs.
+    Benchmark(
+        "engine_vs_vllm",
+        (),
+        ("--repeats", "1", "--decode-tokens", "16", "--prompt-tokens", "64", "--output-tokens", "16",
+         "--concurrency", "4", "--sweep", "1", "4", "--no-install"),
+        900,
+    ),
 )  # fmt: skip
 BY_NAME = {benchmark.name: benchmark for benchmark in BENCHMARKS}
 # The rest of bench/: what the benchmarks import or start, and tools that measure nothing themselves.
@@ -95,7 +109,7 @@ BY_NAME = {benchmark.name: benchmark for benchmark in BENCHMARKS}
 # added here, not forgotten by the report.
 HELPERS = frozenset(
     {"machine", "step_clock", "results", "synthetic_engine", "report", "report_ratios", "report_plots",
-     "report_render", "dpgate_peer", "llamacpp_peer", "llamacpp_build"}
+     "report_render", "dpgate_peer", "llamacpp_peer", "llamacpp_build", "vllm_peer"}
 )  # fmt: skip
 # Scripts under bench/ the report does not run, and why (named in its output and in the page when present).
 NOT_RUN = {

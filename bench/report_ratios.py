@@ -79,13 +79,20 @@ def throughput_rows(record: dict) -> list[Row]:
 def engine_rows(record: dict) -> list[Row]:
     results, cpu = record["results"], cpu_label(record["machine"])
     configurations = _by_role(results["configurations"])
-    served = configurations["served"]["tokens_per_s"]
-    return [
+    # dpgate as a user gets it (over gRPC) where the run has it; runs from before only had the core
+    user = configurations.get("served-grpc", configurations["served"])
+    served = user["tokens_per_s"]
+    rows = [
         Row(f"single-stream decode ({results['tokens']} tokens)", served, peer["name"], peer["tokens_per_s"], "tok/s",
             "higher", cpu)
         for role, peer in configurations.items()
         if role.startswith("transformers")
     ]  # fmt: skip
+    if "served-grpc" in configurations:
+        core = configurations["served"]
+        rows.append(Row(f"single-stream decode ({results['tokens']} tokens), served over gRPC", served,
+                        "its own core in-process", core["tokens_per_s"], "tok/s", "higher", cpu))  # fmt: skip
+    return rows
 
 
 def startup_rows(record: dict) -> list[Row]:
@@ -197,7 +204,38 @@ def prefix_cache_rows(record: dict) -> list[Row]:
     return rows
 
 
+def served_rows(record: dict) -> list[Row]:
+    """served_vs_core.py: dpgate over gRPC against its own core in-process (the ceiling; 0.9 the target)."""
+    results, cpu = record["results"], cpu_label(record["machine"])
+    figures = (
+        ("batch1_decode", f"batch-1 decode ({results['decode_tokens']} tokens), served over gRPC", "tok/s"),
+        ("in_flight", f"{results['concurrency']} in flight x {results['prompt_tokens']}+{results['output_tokens']}"
+                      " tokens, served over gRPC", "output tok/s"),
+    )  # fmt: skip
+    return [
+        Row(figure, results[key]["served"], "its own core in-process", results[key]["core"], unit, "higher", cpu)
+        for key, figure, unit in figures
+    ]
+
+
+def vllm_rows(record: dict) -> list[Row]:
+    """engine_vs_vllm.py: dpgate as served against vLLM's CPU build; figures are {figure: {system: value}}
+    with dpgate's system first, and the sweep's TTFT p50 at each in-flight count (lower is better)."""
+    results, cpu = record["results"], cpu_label(record["machine"])
+    rows = []
+    for figure, by_system in results["figures"].items():
+        (_, dpgate_value), (peer, peer_value) = by_system.items()
+        rows.append(Row(figure.rsplit(" (", 1)[0], dpgate_value, peer, peer_value, "tok/s", "higher", cpu))
+    (_, sweep), (peer, peer_sweep) = results["sweep"].items()
+    for in_flight, figures in sweep.items():
+        rows.append(Row(f"TTFT p50 at {in_flight} in flight", figures["ttft_p50_ms"], peer,
+                        peer_sweep[in_flight]["ttft_p50_ms"], "ms", "lower", cpu))  # fmt: skip
+    return rows
+
+
 ROWS = {
+    "engine_vs_vllm": vllm_rows,
+    "served_vs_core": served_rows,
     "engine_vs_llamacpp": llamacpp_rows,
     "throughput": throughput_rows,
     "engine_vs_transformers": engine_rows,

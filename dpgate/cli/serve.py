@@ -125,7 +125,9 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
     if args.engine_metrics_port is not None:
         command += ["--metrics-port", str(args.engine_metrics_port + rank)]
     # Engines on one host share its cores: oversubscribed torch threads spin against each other.
-    command += ["--num-threads", str(max(1, usable_cores() // args.data_parallel_size))]
+    # One engine has the whole mask and measures how many of its CPUs help (engines/runner/thread_choice.py).
+    if args.data_parallel_size > 1:
+        command += ["--num-threads", str(max(1, usable_cores() // args.data_parallel_size))]
     return command
 
 

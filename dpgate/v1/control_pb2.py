@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64pgate/v1/control.proto\x12\tdpgate.v1\"\x16\n\x14GetServerInfoRequest\"\xfd\x01\n\x15GetServerInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12+\n\x0bparallelism\x18\x02 \x01(\x0b\x32\x16.dpgate.v1.Parallelism\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x15\n\rkv_block_size\x18\x05 \x01(\r\x12\x15\n\rnum_kv_blocks\x18\x06 \x01(\r\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x04\x12\x16\n\x0eprefix_caching\x18\x08 \x01(\x08\x12\x1e\n\x16prefix_cache_root_hash\x18\t \x01(\x06\"\xa4\x01\n\x0bParallelism\x12\x1a\n\x12\x64\x61ta_parallel_rank\x18\x01 \x01(\r\x12\x1a\n\x12\x64\x61ta_parallel_size\x18\x02 \x01(\r\x12\x1c\n\x14tensor_parallel_size\x18\x03 \x01(\r\x12$\n\x1c\x64\x65\x63ode_context_parallel_size\x18\x04 \x01(\r\x12\x19\n\x11\x64\x63p_kv_interleave\x18\x05 \x01(\r\"\x15\n\x13GetModelInfoRequest\"\x85\x02\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x19\n\x0c\x62os_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x14\n\x0cquantization\x18\x08 \x01(\t\x12\x0f\n\x07kernels\x18\t \x01(\t\x12\x17\n\x0f\x62\x61tch_invariant\x18\n \x01(\x08\x12\x0b\n\x03\x63pu\x18\x0b \x01(\tB\x0f\n\r_bos_token_id\"\x10\n\x0eGetLoadRequest\"\xfe\x01\n\x0fGetLoadResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x10\n\x08kv_usage\x18\x03 \x01(\x02\x12\x17\n\x0fnum_used_blocks\x18\x04 \x01(\r\x12\x1e\n\x16num_cached_free_blocks\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x19\n\x11num_cached_blocks\x18\x07 \x01(\r\x12!\n\x19prefix_cache_query_tokens\x18\x08 \x01(\x04\x12\x1f\n\x17prefix_cache_hit_tokens\x18\t \x01(\x04\"#\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\",\n\rAbortResponse\x12\x1b\n\x13\x61\x62orted_request_ids\x18\x01 \x03(\t\"\x19\n\x17ResetPrefixCacheRequest\"6\n\x18ResetPrefixCacheResponse\x12\x1a\n\x12num_cleared_blocks\x18\x01 \x01(\r\"\x16\n\x14WatchKvEventsRequest\"F\n\x07KvBlock\x12\x12\n\nblock_hash\x18\x01 \x01(\x06\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x06\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\"0\n\nKvSnapshot\x12\"\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x12.dpgate.v1.KvBlock\"0\n\x0b\x42lockStored\x12!\n\x05\x62lock\x18\x01 \x01(\x0b\x32\x12.dpgate.v1.KvBlock\"\"\n\x0c\x42lockRemoved\x12\x12\n\nblock_hash\x18\x01 \x01(\x06\"\x12\n\x10\x41llBlocksCleared\"\x81\x02\n\x15WatchKvEventsResponse\x12\x16\n\x0eincarnation_id\x18\x01 \x01(\t\x12\x17\n\x0fsequence_number\x18\x02 \x01(\x04\x12)\n\x08snapshot\x18\x03 \x01(\x0b\x32\x15.dpgate.v1.KvSnapshotH\x00\x12(\n\x06stored\x18\x04 \x01(\x0b\x32\x16.dpgate.v1.BlockStoredH\x00\x12*\n\x07removed\x18\x05 \x01(\x0b\x32\x17.dpgate.v1.BlockRemovedH\x00\x12.\n\x07\x63leared\x18\x06 \x01(\x0b\x32\x1b.dpgate.v1.AllBlocksClearedH\x00\x42\x06\n\x04kind2\xe6\x03\n\x0e\x43ontrolService\x12R\n\rGetServerInfo\x12\x1f.dpgate.v1.GetServerInfoRequest\x1a .dpgate.v1.GetServerInfoResponse\x12O\n\x0cGetModelInfo\x12\x1e.dpgate.v1.GetModelInfoRequest\x1a\x1f.dpgate.v1.GetModelInfoResponse\x12@\n\x07GetLoad\x12\x19.dpgate.v1.GetLoadRequest\x1a\x1a.dpgate.v1.GetLoadResponse\x12:\n\x05\x41\x62ort\x12\x17.dpgate.v1.AbortRequest\x1a\x18.dpgate.v1.AbortResponse\x12[\n\x10ResetPrefixCache\x12\".dpgate.v1.ResetPrefixCacheRequest\x1a#.dpgate.v1.ResetPrefixCacheResponse\x12T\n\rWatchKvEvents\x12\x1f.dpgate.v1.WatchKvEventsRequest\x1a .dpgate.v1.WatchKvEventsResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17\x64pgate/v1/control.proto\x12\tdpgate.v1\"\x16\n\x14GetServerInfoRequest\"\xfd\x01\n\x15GetServerInfoResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12+\n\x0bparallelism\x18\x02 \x01(\x0b\x32\x16.dpgate.v1.Parallelism\x12\r\n\x05model\x18\x03 \x01(\t\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x15\n\rkv_block_size\x18\x05 \x01(\r\x12\x15\n\rnum_kv_blocks\x18\x06 \x01(\r\x12\x1a\n\x12kv_capacity_tokens\x18\x07 \x01(\x04\x12\x16\n\x0eprefix_caching\x18\x08 \x01(\x08\x12\x1e\n\x16prefix_cache_root_hash\x18\t \x01(\x06\"\xa4\x01\n\x0bParallelism\x12\x1a\n\x12\x64\x61ta_parallel_rank\x18\x01 \x01(\r\x12\x1a\n\x12\x64\x61ta_parallel_size\x18\x02 \x01(\r\x12\x1c\n\x14tensor_parallel_size\x18\x03 \x01(\r\x12$\n\x1c\x64\x65\x63ode_context_parallel_size\x18\x04 \x01(\r\x12\x19\n\x11\x64\x63p_kv_interleave\x18\x05 \x01(\r\"\x15\n\x13GetModelInfoRequest\"\xa7\x03\n\x14GetModelInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0c\x61rchitecture\x18\x02 \x01(\t\x12\x12\n\nvocab_size\x18\x03 \x01(\r\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\x12\x15\n\reos_token_ids\x18\x05 \x03(\r\x12\x19\n\x0c\x62os_token_id\x18\x06 \x01(\rH\x00\x88\x01\x01\x12\r\n\x05\x64type\x18\x07 \x01(\t\x12\x14\n\x0cquantization\x18\x08 \x01(\t\x12\x0f\n\x07kernels\x18\t \x01(\t\x12\x17\n\x0f\x62\x61tch_invariant\x18\n \x01(\x08\x12\x0b\n\x03\x63pu\x18\x0b \x01(\t\x12\x13\n\x0bnum_threads\x18\x0c \x01(\r\x12.\n\rthread_source\x18\r \x01(\x0e\x32\x17.dpgate.v1.ThreadSource\x12\x13\n\x0busable_cpus\x18\x0e \x01(\r\x12\x17\n\x0fomp_wait_policy\x18\x0f \x01(\t\x12-\n\rthread_trials\x18\x10 \x03(\x0b\x32\x16.dpgate.v1.ThreadTrialB\x0f\n\r_bos_token_id\"f\n\x0bThreadTrial\x12\x13\n\x0bnum_threads\x18\x01 \x01(\r\x12\x17\n\x0fone_row_step_ms\x18\x02 \x01(\x01\x12\x15\n\rbatch_step_ms\x18\x03 \x01(\x01\x12\x12\n\nbatch_rows\x18\x04 \x01(\r\"\x10\n\x0eGetLoadRequest\"\xfe\x01\n\x0fGetLoadResponse\x12\x13\n\x0bnum_running\x18\x01 \x01(\r\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\r\x12\x10\n\x08kv_usage\x18\x03 \x01(\x02\x12\x17\n\x0fnum_used_blocks\x18\x04 \x01(\r\x12\x1e\n\x16num_cached_free_blocks\x18\x05 \x01(\r\x12\x17\n\x0fnum_free_blocks\x18\x06 \x01(\r\x12\x19\n\x11num_cached_blocks\x18\x07 \x01(\r\x12!\n\x19prefix_cache_query_tokens\x18\x08 \x01(\x04\x12\x1f\n\x17prefix_cache_hit_tokens\x18\t \x01(\x04\"#\n\x0c\x41\x62ortRequest\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\",\n\rAbortResponse\x12\x1b\n\x13\x61\x62orted_request_ids\x18\x01 \x03(\t\"\x19\n\x17ResetPrefixCacheRequest\"6\n\x18ResetPrefixCacheResponse\x12\x1a\n\x12num_cleared_blocks\x18\x01 \x01(\r\"\x16\n\x14WatchKvEventsRequest\"F\n\x07KvBlock\x12\x12\n\nblock_hash\x18\x01 \x01(\x06\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x06\x12\x12\n\nnum_tokens\x18\x03 \x01(\r\"0\n\nKvSnapshot\x12\"\n\x06\x62locks\x18\x01 \x03(\x0b\x32\x12.dpgate.v1.KvBlock\"0\n\x0b\x42lockStored\x12!\n\x05\x62lock\x18\x01 \x01(\x0b\x32\x12.dpgate.v1.KvBlock\"\"\n\x0c\x42lockRemoved\x12\x12\n\nblock_hash\x18\x01 \x01(\x06\"\x12\n\x10\x41llBlocksCleared\"\x81\x02\n\x15WatchKvEventsResponse\x12\x16\n\x0eincarnation_id\x18\x01 \x01(\t\x12\x17\n\x0fsequence_number\x18\x02 \x01(\x04\x12)\n\x08snapshot\x18\x03 \x01(\x0b\x32\x15.dpgate.v1.KvSnapshotH\x00\x12(\n\x06stored\x18\x04 \x01(\x0b\x32\x16.dpgate.v1.BlockStoredH\x00\x12*\n\x07removed\x18\x05 \x01(\x0b\x32\x17.dpgate.v1.BlockRemovedH\x00\x12.\n\x07\x63leared\x18\x06 \x01(\x0b\x32\x1b.dpgate.v1.AllBlocksClearedH\x00\x42\x06\n\x04kind*\x9f\x01\n\x0cThreadSource\x12\x1d\n\x19THREAD_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n\x12THREAD_SOURCE_FLAG\x10\x01\x12\x1a\n\x16THREAD_SOURCE_MEASURED\x10\x02\x12\x19\n\x15THREAD_SOURCE_ONE_CPU\x10\x03\x12!\n\x1dTHREAD_SOURCE_TENSOR_PARALLEL\x10\x04\x32\xe6\x03\n\x0e\x43ontrolService\x12R\n\rGetServerInfo\x12\x1f.dpgate.v1.GetServerInfoRequest\x1a .dpgate.v1.GetServerInfoResponse\x12O\n\x0cGetModelInfo\x12\x1e.dpgate.v1.GetModelInfoRequest\x1a\x1f.dpgate.v1.GetModelInfoResponse\x12@\n\x07GetLoad\x12\x19.dpgate.v1.GetLoadRequest\x1a\x1a.dpgate.v1.GetLoadResponse\x12:\n\x05\x41\x62ort\x12\x17.dpgate.v1.AbortRequest\x1a\x18.dpgate.v1.AbortResponse\x12[\n\x10ResetPrefixCache\x12\".dpgate.v1.ResetPrefixCacheRequest\x1a#.dpgate.v1.ResetPrefixCacheResponse\x12T\n\rWatchKvEvents\x12\x1f.dpgate.v1.WatchKvEventsRequest\x1a .dpgate.v1.WatchKvEventsResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'dpgate.v1.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_THREADSOURCE']._serialized_start=1992
+  _globals['_THREADSOURCE']._serialized_end=2151
   _globals['_GETSERVERINFOREQUEST']._serialized_start=38
   _globals['_GETSERVERINFOREQUEST']._serialized_end=60
   _globals['_GETSERVERINFORESPONSE']._serialized_start=63
@@ -40,33 +42,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETMODELINFOREQUEST']._serialized_start=485
   _globals['_GETMODELINFOREQUEST']._serialized_end=506
   _globals['_GETMODELINFORESPONSE']._serialized_start=509
-  _globals['_GETMODELINFORESPONSE']._serialized_end=770
-  _globals['_GETLOADREQUEST']._serialized_start=772
-  _globals['_GETLOADREQUEST']._serialized_end=788
-  _globals['_GETLOADRESPONSE']._serialized_start=791
-  _globals['_GETLOADRESPONSE']._serialized_end=1045
-  _globals['_ABORTREQUEST']._serialized_start=1047
-  _globals['_ABORTREQUEST']._serialized_end=1082
-  _globals['_ABORTRESPONSE']._serialized_start=1084
-  _globals['_ABORTRESPONSE']._serialized_end=1128
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=1130
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=1155
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=1157
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=1211
-  _globals['_WATCHKVEVENTSREQUEST']._serialized_start=1213
-  _globals['_WATCHKVEVENTSREQUEST']._serialized_end=1235
-  _globals['_KVBLOCK']._serialized_start=1237
-  _globals['_KVBLOCK']._serialized_end=1307
-  _globals['_KVSNAPSHOT']._serialized_start=1309
-  _globals['_KVSNAPSHOT']._serialized_end=1357
-  _globals['_BLOCKSTORED']._serialized_start=1359
-  _globals['_BLOCKSTORED']._serialized_end=1407
-  _globals['_BLOCKREMOVED']._serialized_start=1409
-  _globals['_BLOCKREMOVED']._serialized_end=1443
-  _globals['_ALLBLOCKSCLEARED']._serialized_start=1445
-  _globals['_ALLBLOCKSCLEARED']._serialized_end=1463
-  _globals['_WATCHKVEVENTSRESPONSE']._serialized_start=1466
-  _globals['_WATCHKVEVENTSRESPONSE']._serialized_end=1723
-  _globals['_CONTROLSERVICE']._serialized_start=1726
-  _globals['_CONTROLSERVICE']._serialized_end=2212
+  _globals['_GETMODELINFORESPONSE']._serialized_end=932
+  _globals['_THREADTRIAL']._serialized_start=934
+  _globals['_THREADTRIAL']._serialized_end=1036
+  _globals['_GETLOADREQUEST']._serialized_start=1038
+  _globals['_GETLOADREQUEST']._serialized_end=1054
+  _globals['_GETLOADRESPONSE']._serialized_start=1057
+  _globals['_GETLOADRESPONSE']._serialized_end=1311
+  _globals['_ABORTREQUEST']._serialized_start=1313
+  _globals['_ABORTREQUEST']._serialized_end=1348
+  _globals['_ABORTRESPONSE']._serialized_start=1350
+  _globals['_ABORTRESPONSE']._serialized_end=1394
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=1396
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=1421
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=1423
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=1477
+  _globals['_WATCHKVEVENTSREQUEST']._serialized_start=1479
+  _globals['_WATCHKVEVENTSREQUEST']._serialized_end=1501
+  _globals['_KVBLOCK']._serialized_start=1503
+  _globals['_KVBLOCK']._serialized_end=1573
+  _globals['_KVSNAPSHOT']._serialized_start=1575
+  _globals['_KVSNAPSHOT']._serialized_end=1623
+  _globals['_BLOCKSTORED']._serialized_start=1625
+  _globals['_BLOCKSTORED']._serialized_end=1673
+  _globals['_BLOCKREMOVED']._serialized_start=1675
+  _globals['_BLOCKREMOVED']._serialized_end=1709
+  _globals['_ALLBLOCKSCLEARED']._serialized_start=1711
+  _globals['_ALLBLOCKSCLEARED']._serialized_end=1729
+  _globals['_WATCHKVEVENTSRESPONSE']._serialized_start=1732
+  _globals['_WATCHKVEVENTSRESPONSE']._serialized_end=1989
+  _globals['_CONTROLSERVICE']._serialized_start=2154
+  _globals['_CONTROLSERVICE']._serialized_end=2640
 # @@protoc_insertion_point(module_scope)

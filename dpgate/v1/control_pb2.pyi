@@ -1,10 +1,24 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ThreadSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    THREAD_SOURCE_UNSPECIFIED: _ClassVar[ThreadSource]
+    THREAD_SOURCE_FLAG: _ClassVar[ThreadSource]
+    THREAD_SOURCE_MEASURED: _ClassVar[ThreadSource]
+    THREAD_SOURCE_ONE_CPU: _ClassVar[ThreadSource]
+    THREAD_SOURCE_TENSOR_PARALLEL: _ClassVar[ThreadSource]
+THREAD_SOURCE_UNSPECIFIED: ThreadSource
+THREAD_SOURCE_FLAG: ThreadSource
+THREAD_SOURCE_MEASURED: ThreadSource
+THREAD_SOURCE_ONE_CPU: ThreadSource
+THREAD_SOURCE_TENSOR_PARALLEL: ThreadSource
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
@@ -51,7 +65,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model", "architecture", "vocab_size", "max_model_len", "eos_token_ids", "bos_token_id", "dtype", "quantization", "kernels", "batch_invariant", "cpu")
+    __slots__ = ("model", "architecture", "vocab_size", "max_model_len", "eos_token_ids", "bos_token_id", "dtype", "quantization", "kernels", "batch_invariant", "cpu", "num_threads", "thread_source", "usable_cpus", "omp_wait_policy", "thread_trials")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +77,11 @@ class GetModelInfoResponse(_message.Message):
     KERNELS_FIELD_NUMBER: _ClassVar[int]
     BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     CPU_FIELD_NUMBER: _ClassVar[int]
+    NUM_THREADS_FIELD_NUMBER: _ClassVar[int]
+    THREAD_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    USABLE_CPUS_FIELD_NUMBER: _ClassVar[int]
+    OMP_WAIT_POLICY_FIELD_NUMBER: _ClassVar[int]
+    THREAD_TRIALS_FIELD_NUMBER: _ClassVar[int]
     model: str
     architecture: str
     vocab_size: int
@@ -74,7 +93,24 @@ class GetModelInfoResponse(_message.Message):
     kernels: str
     batch_invariant: bool
     cpu: str
-    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., kernels: _Optional[str] = ..., batch_invariant: _Optional[bool] = ..., cpu: _Optional[str] = ...) -> None: ...
+    num_threads: int
+    thread_source: ThreadSource
+    usable_cpus: int
+    omp_wait_policy: str
+    thread_trials: _containers.RepeatedCompositeFieldContainer[ThreadTrial]
+    def __init__(self, model: _Optional[str] = ..., architecture: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., bos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ..., quantization: _Optional[str] = ..., kernels: _Optional[str] = ..., batch_invariant: _Optional[bool] = ..., cpu: _Optional[str] = ..., num_threads: _Optional[int] = ..., thread_source: _Optional[_Union[ThreadSource, str]] = ..., usable_cpus: _Optional[int] = ..., omp_wait_policy: _Optional[str] = ..., thread_trials: _Optional[_Iterable[_Union[ThreadTrial, _Mapping]]] = ...) -> None: ...
+
+class ThreadTrial(_message.Message):
+    __slots__ = ("num_threads", "one_row_step_ms", "batch_step_ms", "batch_rows")
+    NUM_THREADS_FIELD_NUMBER: _ClassVar[int]
+    ONE_ROW_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_STEP_MS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
+    num_threads: int
+    one_row_step_ms: float
+    batch_step_ms: float
+    batch_rows: int
+    def __init__(self, num_threads: _Optional[int] = ..., one_row_step_ms: _Optional[float] = ..., batch_step_ms: _Optional[float] = ..., batch_rows: _Optional[int] = ...) -> None: ...
 
 class GetLoadRequest(_message.Message):
     __slots__ = ()

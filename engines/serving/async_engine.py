@@ -1,6 +1,10 @@
 """Bridges the synchronous engine core to asyncio: one engine thread, typed commands in,
 per-request output queues out.
 
+The engine loop runs on an `EngineThread`: the server passes the one it loaded and warmed the
+model on, so the steps run on the thread whose OpenMP team torch already has (engine_thread.py
+says why a second team costs two thirds of the speed).
+
 Synchronisation: the event loop never touches `LLMEngine`; it sends `AddRequest`/`AbortRequest`
 commands (and `ResetPrefixCache`, answered through a future) through a thread-safe queue. The
 engine thread drains commands before every step and hands the step's outputs back with one
@@ -18,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,6 +29,7 @@ from typing import TYPE_CHECKING
 from engines.engine import LLMEngine
 from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError
 from engines.scheduling.sequence import Sequence, StepOutput
+from engines.serving.engine_thread import EngineThread
 from engines.serving.kv_events import KvEventLog
 from engines.serving.request_builder import UnsupportedFeatureError
 
@@ -75,7 +79,13 @@ class EngineFailedError(RuntimeError):
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop, grammars: GrammarCompiler | None = None):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        loop: asyncio.AbstractEventLoop,
+        grammars: GrammarCompiler | None = None,
+        thread: EngineThread | None = None,
+    ):
         self.engine = engine
         self.loop = loop
         self.grammars = grammars
@@ -87,8 +97,8 @@ class AsyncEngine:
         self.blocks = BlockCounts(num_free=engine.block_manager.num_blocks)
         self.kv_events = KvEventLog()
         self.on_step = None  # optional callback(engine) after each step, for metrics
-        self.thread = threading.Thread(target=self._run, name="dpgate-engine", daemon=True)
-        self.thread.start()
+        self.thread = thread or EngineThread()
+        self._loop_done = self.thread.submit(self._run)
 
     def is_active(self, request_id: str) -> bool:
         return request_id in self.streams
@@ -144,7 +154,7 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         self.commands.put(Shutdown())
-        self.thread.join(timeout=10)
+        self.thread.stop(timeout=10)
 
     def _deliver(self, output: StepOutput | BaseException, request_id: str) -> None:
         stream = self.streams.get(request_id)

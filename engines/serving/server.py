@@ -30,7 +30,9 @@ from engines.kernels.cpu import cpu_info
 from engines.model.fingerprint import model_fingerprint
 from engines.model.numerics import Numerics, NumericsError, choose_numerics
 from engines.model.source import resolve_model
+from engines.runner.thread_choice import ThreadChoice, ThreadSource
 from engines.serving.async_engine import AsyncEngine
+from engines.serving.engine_thread import EngineThread
 from engines.serving.metrics import EngineMetrics
 from engines.serving.request_builder import ModelLimits
 from engines.serving.servicers import INTERNAL_MESSAGE, ControlServicer, InferenceServicer, invalid_body_counter
@@ -43,6 +45,12 @@ SERVICE_NAMES = (
     control_pb2.DESCRIPTOR.services_by_name["ControlService"].full_name,
 )
 SHUTDOWN_GRACE_S = 5.0
+THREAD_SOURCES = {
+    ThreadSource.FLAG: control_pb2.THREAD_SOURCE_FLAG,
+    ThreadSource.MEASURED: control_pb2.THREAD_SOURCE_MEASURED,
+    ThreadSource.ONE_CPU: control_pb2.THREAD_SOURCE_ONE_CPU,
+    ThreadSource.TENSOR_PARALLEL: control_pb2.THREAD_SOURCE_TENSOR_PARALLEL,
+}
 
 
 def numerics_for(config: EngineConfig) -> Numerics:
@@ -70,26 +78,28 @@ async def serve(config: EngineConfig) -> int:
     except RuntimeError as error:
         raise ConfigError(f"--port {config.port}: cannot bind {address} ({error})") from error
 
+    # Everything that runs torch runs on this one thread, from loading to the last step:
+    # engine_thread.py says why a second thread's OpenMP team costs two thirds of the speed.
+    engine_thread = EngineThread()
     if config.num_threads is not None:
-        import torch
-
-        torch.set_num_threads(config.num_threads)
+        await engine_thread.call(_set_threads, config.num_threads)
         if config.num_threads > usable_cores():
             logger.warning(
                 "--num-threads %d is more than the %d CPUs this engine may run on: its threads will wait on "
                 "each other at every step; give it at most %d",
                 config.num_threads, usable_cores(), usable_cores(),
             )  # fmt: skip
-    numerics = await asyncio.to_thread(numerics_for, config)
-    model = await asyncio.to_thread(start_model, config, source, numerics)
+    numerics = await engine_thread.call(numerics_for, config)
+    model = await engine_thread.call(start_model, config, source, numerics)
     loaded, runner, max_model_len, num_blocks = model.loaded, model.runner, model.max_model_len, model.num_blocks
     logger.info("numerics: %s, on %s", numerics.describe(), cpu_info().describe())
+    logger.info("threads: %s", model.threads.describe())
     tokenizer = loaded.tokenizer
     grammars = GrammarCompiler(tokenizer.tokenizer, loaded.config.vocab_size, tokenizer.eos_token_ids)
     plan = loaded.plan
     fingerprint = await asyncio.to_thread(model_fingerprint, source, numerics, plan.dcp_size, plan.interleave)
     core = LLMEngine(runner, config.scheduler_config, config.prefix_caching, fingerprint)
-    engine = AsyncEngine(core, asyncio.get_running_loop(), grammars)
+    engine = AsyncEngine(core, asyncio.get_running_loop(), grammars, engine_thread)
     freeze_startup_heap()
     metrics.watch(engine)
     metrics.set_identity(config.data_parallel_rank, config.data_parallel_size, source.name, __version__)
@@ -123,6 +133,7 @@ async def serve(config: EngineConfig) -> int:
         kernels=numerics.kernels,
         batch_invariant=numerics.batch_invariant,
         cpu=cpu_info().describe(),
+        **thread_fields(model.threads),
     )
     if tokenizer.bos_token_id is not None:
         model_info.bos_token_id = tokenizer.bos_token_id
@@ -184,6 +195,28 @@ async def serve(config: EngineConfig) -> int:
         logger.error("engine stopped: %s", failures[0])
         return 1
     return 0
+
+
+def thread_fields(choice: ThreadChoice) -> dict:
+    """GetModelInfoResponse's fields for the engine's thread choice."""
+    trials = [
+        control_pb2.ThreadTrial(num_threads=t.num_threads, one_row_step_ms=t.one_row_ms, batch_step_ms=t.batch_ms,
+                                batch_rows=choice.batch_rows)
+        for t in choice.trials
+    ]  # fmt: skip
+    return {
+        "num_threads": choice.num_threads,
+        "thread_source": THREAD_SOURCES[choice.source],
+        "usable_cpus": choice.usable_cpus,
+        "omp_wait_policy": choice.wait_policy,
+        "thread_trials": trials,
+    }
+
+
+def _set_threads(num_threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(num_threads)
 
 
 def _fail(failures: list[str], reason: str, stop: asyncio.Event) -> None:

@@ -21,7 +21,8 @@ from engines.model.source import ModelSource
 from engines.parallel.plan import ParallelConfigError, ParallelPlan
 from engines.parallel.rank import buffer_sizes
 from engines.runner.loader import LoadedModel, load_for_serving
-from engines.runner.model_runner import ModelRunner
+from engines.runner.model_runner import ChunkInput, ModelRunner
+from engines.runner.thread_choice import ThreadChoice, ThreadSource, candidates, measure_threads, pick
 from engines.runner.workers import WorkerGroup, load_rank
 
 
@@ -32,6 +33,7 @@ class StartedModel:
     max_model_len: int
     num_blocks: int
     workers: WorkerGroup | None  # the TP workers, with tensor parallelism
+    threads: ThreadChoice
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -103,6 +105,35 @@ def start_model(config: EngineConfig, source: ModelSource, numerics: Numerics) -
         except BaseException:
             workers.kill()
             raise
-    started = StartedModel(loaded, runner, max_model_len, num_blocks, workers)
     runner.warm_up(config.max_num_seqs, config.max_num_batched_tokens)
-    return started
+    threads = choose_threads(config, runner)
+    return StartedModel(loaded, runner, max_model_len, num_blocks, workers, threads)
+
+
+TRIAL_CONTEXT = 128  # the decode position the thread trial steps at (a short chat's depth)
+TRIAL_BATCH_ROWS = 16  # its wide step: 16 decodes, the concurrency the benchmarks serve
+
+
+def choose_threads(config: EngineConfig, runner: ModelRunner) -> ThreadChoice:
+    """The engine's torch threads (runner/thread_choice.py says why they are measured), set on the
+    calling thread, which must be the one that steps the engine (engines/serving/engine_thread.py)."""
+    import torch
+
+    cpus = usable_cores()
+    if config.parallel_plan.is_parallel:  # every rank's share is set when the workers start
+        return ThreadChoice(threads_per_rank(config), ThreadSource.TENSOR_PARALLEL, cpus)
+    if config.num_threads is not None:
+        torch.set_num_threads(config.num_threads)
+        return ThreadChoice(config.num_threads, ThreadSource.FLAG, cpus)
+    if cpus == 1:
+        torch.set_num_threads(1)
+        return ThreadChoice(1, ThreadSource.ONE_CPU, cpus)
+    table = range(runner.num_blocks)
+    position = min(TRIAL_CONTEXT, runner.max_model_len, runner.num_blocks * runner.block_size) - 1
+    rows = max(1, min(TRIAL_BATCH_ROWS, config.max_num_seqs))
+    one_row = [ChunkInput([0], position, table)]
+    batch = [ChunkInput([0], position, table) for _ in range(rows)]
+    trials = measure_threads(lambda: runner.execute(one_row), lambda: runner.execute(batch), candidates(cpus))
+    chosen = pick(trials)
+    torch.set_num_threads(chosen.num_threads)
+    return ThreadChoice(chosen.num_threads, ThreadSource.MEASURED, cpus, rows, tuple(trials))

@@ -157,3 +157,35 @@ def test_a_small_real_run_measures_both_peers(tmp_path):
     rows = written["results"]["rows"]
     assert len(rows) == 5 and all(row["dpgate"] > 0 and row["llama.cpp"] > 0 for row in rows)
     assert "batch-1 decode" in result.stdout
+
+
+def test_the_no_amx_build_turns_on_each_extension_the_cpu_has_and_amx_off():
+    args = llamacpp_build.cmake_args("no-amx", frozenset({"avx", "avx2", "fma", "avx512f", "avx512_vnni", "amx_tile"}))
+    assert "-DGGML_NATIVE=OFF" in args
+    assert {"-DGGML_AVX2=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=OFF"} <= set(args)
+    assert {"-DGGML_AMX_TILE=OFF", "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF"} <= set(args)
+    # the flags name the build: the same ISA on another CPU is another directory
+    assert llamacpp_build.flags_hash(frozenset({"avx2"}), "no-amx") != llamacpp_build.flags_hash(
+        frozenset({"avx2", "avx512f"}), "no-amx"
+    )
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stdout", "expected"),
+    [
+        (0, '{"describe": "x"}\n{"value": 812.5}\n', None),
+        (-4, '{"describe": "x"}\n', "died by SIGILL"),
+        (1, '{"error": "no library"}\n', 'failed (exit status 1): {"error": "no library"}'),
+    ],
+)
+def test_the_prompt_check_names_how_a_build_died(returncode, stdout, expected, tmp_path):
+    seen = {}
+
+    def run(command, **kwargs):
+        seen["command"], seen["input"] = command, kwargs["input"]
+        return subprocess.CompletedProcess(command, returncode, stdout, "")
+
+    assert bench.prompt_check(tmp_path, 2, run=run) == expected
+    assert seen["command"][seen["command"].index("--llamacpp-dir") + 1] == str(tmp_path)
+    task = json.loads(seen["input"])
+    assert task["task"] == "prefill" and len(task["prompt"]) == 64

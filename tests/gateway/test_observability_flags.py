@@ -67,6 +67,13 @@ def test_serve_passes_the_log_format_and_a_metrics_port_per_rank_to_its_engines(
     assert "--metrics-port" not in serve_command.engine_command(parse(serve_command, []), 0, 5000)
 
 
+def test_serve_shares_the_cpus_among_several_engines_and_lets_one_engine_measure_its_threads(monkeypatch):
+    monkeypatch.setattr(serve_command, "usable_cores", lambda: 4)
+    command = serve_command.engine_command(parse(serve_command, ["--data-parallel-size", "2"]), 1, 5001)
+    assert command[command.index("--num-threads") + 1] == "2"
+    assert "--num-threads" not in serve_command.engine_command(parse(serve_command, []), 0, 5000)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

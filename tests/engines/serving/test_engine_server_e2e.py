@@ -3,9 +3,11 @@ gRPC on a socket."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -15,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from dpgate.v1 import control_pb2 as cpb
 from dpgate.v1 import control_pb2_grpc, generate_pb2_grpc
 from dpgate.v1 import generate_pb2 as pb
+from engines.runner.thread_choice import candidates
 from tests.support.processes import free_port, running
 
 MODEL = "smollm2-135m-instruct"
@@ -254,6 +257,22 @@ def test_server_and_model_info(control):
     assert model.batch_invariant and model.kernels.startswith("batch-invariant/")
     assert "AVX2" in model.cpu and "AVX512-BF16" in model.cpu
     assert 2 in model.eos_token_ids
+
+
+def test_the_thread_choice_is_reported_and_the_engine_thread_is_named(engine, control, inference):
+    inference.Generate(pb.GenerateRequest(text="Hello", sampling=GREEDY, stopping=pb.StoppingCriteria(max_tokens=4)))
+    model = control.GetModelInfo(cpb.GetModelInfoRequest())
+    assert model.usable_cpus == len(os.sched_getaffinity(0))  # the engine inherits the test's CPUs
+    tried = [trial.num_threads for trial in model.thread_trials]
+    if model.usable_cpus == 1:
+        assert (model.thread_source, model.num_threads, tried) == (cpb.THREAD_SOURCE_ONE_CPU, 1, [])
+    else:
+        assert model.thread_source == cpb.THREAD_SOURCE_MEASURED
+        assert tried == candidates(model.usable_cpus) and model.num_threads in tried
+        assert all(trial.one_row_step_ms > 0 and trial.batch_step_ms > 0 for trial in model.thread_trials)
+    assert model.omp_wait_policy == os.environ.get("OMP_WAIT_POLICY", "default").lower()
+    tasks = Path(f"/proc/{engine.process.pid}/task")
+    assert "dpgate-engine" in [(task / "comm").read_text().strip() for task in tasks.iterdir()]  # top -H shows it
 
 
 BAD_INPUTS = [
