@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from engines.kv.block_manager import BlockManager
 from engines.scheduling.sequence import FinishReason, StepOutput
 from engines.serving.async_engine import AsyncEngine
 
@@ -16,6 +17,7 @@ class OneStepEngine:
         self.pending: list[str] = []
         self.num_running = self.num_waiting = 0
         self.kv_usage = 0.0
+        self.block_manager = BlockManager(num_blocks=4, block_size=16)  # the bridge reports its counts
 
     @property
     def has_work(self) -> bool:

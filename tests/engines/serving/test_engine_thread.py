@@ -9,6 +9,7 @@ import threading
 import pytest
 import torch
 
+from engines.kv.block_manager import BlockManager
 from engines.serving.async_engine import AsyncEngine
 from engines.serving.engine_thread import EngineThread
 
@@ -49,6 +50,7 @@ class RecordingEngine:
         self.has_work = True
         self.num_running = self.num_waiting = 0
         self.kv_usage = 0.0
+        self.block_manager = BlockManager(num_blocks=4, block_size=16)  # the bridge reports its counts
 
     def step(self):
         self.step_threads.add(threading.current_thread())
