@@ -24,7 +24,13 @@ from dpgate.config_file import attribute
 from dpgate.host import usable_cores
 from dpgate.logs import add_log_format_argument, configure_logging
 from gateway.config import ConfigError, GatewayConfig, api_keys_from_environment, validate_config
-from gateway.gateway_command import add_limit_arguments, add_prefix_cache_sharing_argument, limits_from_args
+from gateway.gateway_command import (
+    add_limit_arguments,
+    add_prefix_cache_sharing_argument,
+    add_routing_arguments,
+    limits_from_args,
+    routing_from_args,
+)
 
 logger = logging.getLogger("dpgate.serve")
 ENGINE_STOP_TIMEOUT_S = 15.0
@@ -85,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tool-call-parser", help="engines' tool-call parser: hermes or none (default: by the model)")
     add_log_format_argument(parser, deprecated_json_flag=True)  # the gateway's and every engine's
     add_prefix_cache_sharing_argument(parser)
+    add_routing_arguments(parser)
     add_limit_arguments(parser)
 
 
@@ -192,6 +199,7 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
             log_format=args.log_format,
             access_log=args.access_log,
             prefix_cache_sharing=args.prefix_cache_sharing,
+            **routing_from_args(args),
             **limits_from_args(args),
             # Health says SERVING only once every engine started here passed the handshake.
             ready_data_parallel_size=args.data_parallel_size,

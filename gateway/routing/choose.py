@@ -86,4 +86,4 @@ def choose_engine_for_request(
                 raise NotFound(f"model {request.model!r} is not served by any connected engine")
             raise Unavailable(f"no engine can serve the request: every candidate {engine_filter.reason}")
         candidates = kept
-    return candidates[policy.select(candidates)]
+    return candidates[policy.select(candidates, request)]

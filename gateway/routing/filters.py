@@ -6,10 +6,19 @@ when a pinned rank's engine is filtered out, the first filter that removed it na
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from gateway.routing.snapshot import EngineView
+
+
+@dataclass(slots=True, frozen=True)
+class PromptBlocks:
+    """What the gateway learned from the prompt: its length and, per engine address, how many of
+    its leading tokens that engine's prefix cache would give it (from the exact index)."""
+
+    num_prompt_tokens: int
+    matched_tokens: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)
@@ -19,11 +28,14 @@ class RouteRequest:
     `model` is None when the gateway did not read the body (it forwards bodies as raw bytes); the
     engine then answers NOT_FOUND for a model it does not serve. `excluded_addresses` holds engines
     already tried by this call, so a retry never lands on the same engine.
+    `prompt` is filled only for calls the gateway tokenized (Generate text or ids, unpinned).
     """
 
     rank: int | None = None
     model: str | None = None
     excluded_addresses: frozenset[str] = frozenset()
+    # The prompt's cache view, when the gateway hashed it (cache-aware routing); else None.
+    prompt: PromptBlocks | None = None
 
 
 @dataclass(slots=True, frozen=True)
