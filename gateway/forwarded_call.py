@@ -250,6 +250,7 @@ class ForwardedCall:
             prompt = self._prompt
             self._pending_prefill = prompt.num_prompt_tokens - prompt.matched_tokens.get(engine.address, 0)
             engine.pending_prefill_tokens += self._pending_prefill
+            self._forwarder.prompts.opened(engine.address, prompt)
         connection = engine.link.ready_connection()
         if connection is not None:
             self._open(connection)
@@ -333,6 +334,8 @@ class ForwardedCall:
             engine.num_in_flight -= 1
             engine.pending_prefill_tokens -= self._pending_prefill
             self._pending_prefill = 0
+            if self._prompt is not None:
+                self._forwarder.prompts.closed(engine.address, self._prompt)
             self._engine = None
         return engine
 

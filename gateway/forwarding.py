@@ -196,7 +196,7 @@ class Forwarder:
         )
         if rank is None:
             reason = getattr(self._policy, "last_reason", None)  # only cache-aware tells why
-            cached = prompt.matched_tokens.get(view.address, 0) if prompt is not None else 0
+            cached = prompt.cached_tokens.get(view.address, 0) if prompt is not None else 0
             num_tokens = prompt.num_prompt_tokens if prompt is not None else 0
             self.metrics.record_route(reason.value if reason is not None else "load", view.rank, num_tokens, cached)
         return pool.by_address[view.address]

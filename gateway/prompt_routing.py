@@ -23,6 +23,7 @@ from gateway.engine_pool import EnginePool
 from gateway.prompt_tokenizers import PromptTokenizers
 from gateway.routing.block_hashes import block_chain
 from gateway.routing.filters import PromptBlocks
+from gateway.routing.in_flight import InFlightPrefixes
 
 _MESSAGES = {"Generate": generate_pb2.GenerateRequest, "GenerateStream": generate_pb2.GenerateStreamRequest}
 
@@ -44,6 +45,7 @@ class PromptRouter:
         self._pool = pool
         self._tenants = tenants  # `authorization` value -> tenant, when keys are isolated
         self.tokenizers: PromptTokenizers = pool.prompt_tokenizers
+        self.in_flight = InFlightPrefixes()
 
     def applies(self, rpc: str, rank: int | None) -> bool:
         """Whether the call is worth reading: an unpinned Generate while some engine's cache is indexed."""
@@ -82,16 +84,30 @@ class PromptRouter:
         num_tokens, chains = await asyncio.to_thread(
             _chains, self.tokenizers, groups, text, ids, tenant, message.cache_salt
         )
-        # The lookup runs here on the loop, where the index is edited, never on the worker thread.
+        # The lookups run here on the loop, where the index is edited, never on the worker thread.
         index = self._pool.kv_index
         matched: dict[str, int] = {}
+        cached: dict[str, int] = {}
+        chains_by_address: dict[str, tuple[int, ...]] = {}
         for group, chain in zip(groups, chains, strict=True):
-            found = index.matched_blocks(chain)
+            found, opening = index.matched_blocks(chain), self.in_flight.matched_blocks(chain)
+            as_tuple = tuple(chain)
             for address in group.addresses:
-                if address in found:
-                    matched[address] = found[address] * group.block_size
-        return PromptBlocks(num_tokens, matched)
+                chains_by_address[address] = as_tuple
+                cached[address] = found.get(address, 0) * group.block_size
+                matched[address] = max(found.get(address, 0), opening.get(address, 0)) * group.block_size
+        return PromptBlocks(num_tokens, matched, cached, chains_by_address)
 
+    def opened(self, address: str, prompt: PromptBlocks) -> None:
+        """A call with this prompt now runs on `address`: its prefix counts there until it ends."""
+        chain = prompt.chains.get(address)
+        if chain:
+            self.in_flight.add(address, chain)
+
+    def closed(self, address: str, prompt: PromptBlocks) -> None:
+        chain = prompt.chains.get(address)
+        if chain:
+            self.in_flight.remove(address, chain)
 
 def _chains(
     tokenizers: PromptTokenizers,

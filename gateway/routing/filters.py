@@ -15,10 +15,16 @@ from gateway.routing.snapshot import EngineView
 @dataclass(slots=True, frozen=True)
 class PromptBlocks:
     """What the gateway learned from the prompt: its length and, per engine address, how many of
-    its leading tokens that engine's prefix cache would give it (from the exact index)."""
+    its leading tokens that engine's prefix cache would give it (the exact index, plus the
+    prefixes of calls this gateway has open there: gateway/routing/in_flight.py)."""
 
     num_prompt_tokens: int
+    # address -> leading prompt tokens the engine holds or is computing for an open call (routing).
     matched_tokens: Mapping[str, int] = field(default_factory=dict)
+    # address -> of which its cache held when read from the exact index (the prediction metric).
+    cached_tokens: Mapping[str, int] = field(default_factory=dict)
+    # address -> the prompt's block chain as that engine hashes it (kept while the call is open).
+    chains: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)
