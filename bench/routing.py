@@ -20,7 +20,10 @@ and max/min calls per engine (from the `x-data-parallel-rank` trailer).
 
     python bench/routing.py [--engines 4] [--groups 32] [--prompts-per-group 8] [--prefix-tokens 1000]
         [--question-tokens 64] [--answer-tokens 32] [--rate 2] [--conversations 8] [--turns 4]
-        [--policies ...] [--only a b c d] [--json FILE]
+        [--gateways 1] [--policies ...] [--only a b c d] [--json FILE]
+
+`--gateways 2` splits the calls over two gateway replicas (each follows every engine's events on
+its own); compare its hit rate with one gateway's.
 
 Targets (issue 26): on (a) and (b) cache-aware TTFT p50 at most 0.5x and throughput at least 1.5x
 of the best other policy, hit rate at least 90% of the oracle's; on (c) throughput at least 0.97x
@@ -171,31 +174,53 @@ def reset_caches(engines: list[EngineProcess]) -> None:
             control_pb2_grpc.ControlServiceStub(channel).ResetPrefixCache(cpb.ResetPrefixCacheRequest(), timeout=30)
 
 
+class Stubs:
+    """The gateways' stubs taken in turn, call by call: N gateway replicas splitting the traffic."""
+
+    def __init__(self, stubs: list) -> None:
+        self._stubs, self._next, self._lock = stubs, 0, threading.Lock()
+
+    def __getattr__(self, name: str):
+        with self._lock:
+            stub = self._stubs[self._next % len(self._stubs)]
+            self._next += 1
+        return getattr(stub, name)
+
+
 def run_case(case: str, policy: str, engines: list[EngineProcess], args, log_dir: Path) -> dict:
     reset_caches(engines)
     flags = ["--policy", policy, "--health-interval", "0.25", "--health-timeout", "0.25"]
-    gateway = GatewayProcess([e.address for e in engines], *flags, log_dir=log_dir, name=f"gateway-{policy}")
+    gateways: list[GatewayProcess] = []
+    channels: list[grpc.Channel] = []
     try:
-        gateway.wait_ranks(list(range(len(engines))), timeout=60)
-        time.sleep(1.0)  # the gateway follows every engine's events and has learned the tokenizer
-        with grpc.insecure_channel(gateway.address) as channel:
-            stub = generate_pb2_grpc.InferenceServiceStub(channel)
-            recorder = Recorder()
-            query0, hit0 = engine_totals(engines)
-            started = time.perf_counter()
-            if case == "b":
-                prompts = multi_turn(stub, args, recorder)
-            else:
-                prompts = CASES[case][1](args)
-                poisson(stub, args, prompts, recorder)
-            wall = time.perf_counter() - started
-            query1, hit1 = engine_totals(engines)
+        for replica in range(args.gateways):
+            name = f"gateway-{policy}-{replica}"
+            gateways.append(GatewayProcess([e.address for e in engines], *flags, log_dir=log_dir, name=name))
+        for gateway in gateways:
+            gateway.wait_ranks(list(range(len(engines))), timeout=60)
+        time.sleep(1.0)  # the gateways follow every engine's events and have learned the tokenizer
+        channels = [grpc.insecure_channel(gateway.address) for gateway in gateways]
+        stub = Stubs([generate_pb2_grpc.InferenceServiceStub(channel) for channel in channels])
+        recorder = Recorder()
+        query0, hit0 = engine_totals(engines)
+        started = time.perf_counter()
+        if case == "b":
+            prompts = multi_turn(stub, args, recorder)
+        else:
+            prompts = CASES[case][1](args)
+            poisson(stub, args, prompts, recorder)
+        wall = time.perf_counter() - started
+        query1, hit1 = engine_totals(engines)
     finally:
-        gateway.stop()
+        for channel in channels:
+            channel.close()
+        for gateway in gateways:
+            gateway.stop()
     ttft = sorted(recorder.ttft)
     calls = [recorder.ranks.get(rank, 0) for rank in range(len(engines))]
     return {
         "requests": len(ttft),
+        "gateways": args.gateways,
         "ttft_p50_ms": 1e3 * statistics.median(ttft),
         "ttft_p90_ms": 1e3 * ttft[min(len(ttft) - 1, int(0.9 * len(ttft)))],
         "ttft_p99_ms": 1e3 * ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
@@ -241,6 +266,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--engines", type=int, default=4, help="engines behind the gateway")
+    add("--gateways", type=int, default=1, help="gateway replicas, each following every engine; calls alternate")
     add("--groups", type=int, default=32, help="(a), (d) prefix groups")
     add("--prompts-per-group", type=int, default=8, help="(a) prompts per group; (c), (d) use groups x this")
     add("--prefix-tokens", type=int, default=1000, help="group prefix (and (c) prompt) length, tokens")
@@ -256,8 +282,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--only", nargs="+", choices=sorted(CASES), default=sorted(CASES), help="workloads to run")
     add_json_argument(parser)
     args = parser.parse_args(argv)
-    for name in ("engines", "groups", "prompts_per_group", "prefix_tokens", "question_tokens", "answer_tokens",
-                 "conversations", "turns", "max_num_seqs", "threads"):  # fmt: skip
+    for name in ("engines", "gateways", "groups", "prompts_per_group", "prefix_tokens", "question_tokens",
+                 "answer_tokens", "conversations", "turns", "max_num_seqs", "threads"):  # fmt: skip
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.rate <= 0 or not 0 < args.cache_fraction <= 1:
@@ -303,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
             engine.stop()
     sizes = {name: getattr(args, name) for name in ("engines", "groups", "prompts_per_group", "prefix_tokens",
              "question_tokens", "answer_tokens", "rate", "conversations", "turns", "cache_fraction",
-             "max_num_seqs")}  # fmt: skip
+             "max_num_seqs", "gateways")}  # fmt: skip
     sizes["kv_blocks_per_engine"] = blocks
     write_results(args.json, "routing", {"sizes": sizes, "policies": list(args.policies), "cases": cases})
 
