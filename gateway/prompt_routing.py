@@ -5,10 +5,10 @@ and its tokenizer is known; every other call keeps the raw relay. The request me
 buffered whole (gateway/forwarded_call.py reads it before choosing an engine), so this parses only
 the prompt, the salt and the prompt-logprobs switch. Text is tokenized with the engine's own
 tokenizer and the blocks hashed with the engine's documented function (gateway/routing/
-block_hashes.py), with the call's tenant and cache_salt, on a worker thread: about 2 ms for a 1,000-token
-prompt here (encoding 1.9 ms, hashing 0.08 ms), which must not stall the event loop. Chat calls are routed by
-load: rendering messages exactly as the engine does needs its Jinja environment, tools and thinking
-rules (docs/gateway.md, "Cache-aware routing" says what is left).
+block_hashes.py), with the call's tenant and cache_salt, on a worker thread: about 2 ms for a
+1,000-token prompt here (encoding 1.9 ms, hashing 0.08 ms), which must not stall the event loop.
+Chat calls are routed by load: rendering messages exactly as the engine does needs its Jinja
+environment, tools and thinking rules (docs/gateway.md, "Cache-aware routing" says what is left).
 """
 
 from __future__ import annotations
