@@ -233,6 +233,25 @@ def vllm_rows(record: dict) -> list[Row]:
     return rows
 
 
+def routing_rows(record: dict) -> list[Row]:
+    """Per workload, cache-aware against the best other policy of the same run (the issue's targets)."""
+    cpu = cpu_label(record["machine"])
+    rows = []
+    for case in record["results"]["cases"]:
+        runs, name = case["runs"], f"({case['case']}) {case['name']}"
+        others = {policy: run for policy, run in runs.items() if policy != "cache-aware"}
+        if "cache-aware" not in runs or not others:
+            continue
+        ours = runs["cache-aware"]
+        fastest = min(others, key=lambda policy: others[policy]["ttft_p50_ms"])
+        busiest = max(others, key=lambda policy: others[policy]["output_tokens_per_s"])
+        rows.append(Row(f"routing TTFT p50, {name}", ours["ttft_p50_ms"], fastest, others[fastest]["ttft_p50_ms"],
+                        "ms", "lower", cpu))  # fmt: skip
+        rows.append(Row(f"routing output throughput, {name}", ours["output_tokens_per_s"], busiest,
+                        others[busiest]["output_tokens_per_s"], "tok/s", "higher", cpu))  # fmt: skip
+    return rows
+
+
 ROWS = {
     "engine_vs_vllm": vllm_rows,
     "served_vs_core": served_rows,
@@ -245,4 +264,5 @@ ROWS = {
     "grammar_overhead": grammar_rows,
     "dcp_scaling": dcp_rows,
     "prefix_cache": prefix_cache_rows,
+    "routing": routing_rows,
 }

@@ -12,6 +12,7 @@ from gateway.config import GatewayConfig
 from gateway.engine_client import EngineClient
 from gateway.health_state import CallEvent
 from gateway.metrics import GatewayMetrics
+from gateway.routing.filters import PromptBlocks
 from gateway.upstream import UpstreamLink
 
 
@@ -25,7 +26,9 @@ class CallHost(Protocol):
     calls: set[Any]  # the calls in flight (cancelled together at shutdown)
     local_services: UpstreamLink | None  # the gateway's own health and reflection server
 
-    def choose(self, rank: int | None, excluded: frozenset[str], model: str | None = None) -> EngineClient:
+    def choose(
+        self, rank: int | None, excluded: frozenset[str], model: str | None = None, prompt: PromptBlocks | None = None
+    ) -> EngineClient:
         """The engine for a call: the pinned rank's, else the policy's pick among the usable others."""
         ...
 

@@ -9,6 +9,7 @@ the serving port) live here too, so no other module re-checks its inputs.
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import re
 import ssl
@@ -73,7 +74,12 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int | None = None
-    policy: str = "least-loaded"
+    policy: str = "cache-aware"
+    # The cache-aware policy's knobs (gateway/routing/cache_aware.py, docs/gateway.md).
+    cache_prefill_weight: float = 1.0
+    cache_load_weight: float = 1.0
+    cache_balance_ratio: float = 1.5
+    cache_balance_slack: int = 4
     # Secrets stay out of repr, so a logged config never shows them.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
     tls_cert_file: str | None = None
@@ -287,6 +293,16 @@ def _check_limits(config: GatewayConfig) -> None:
         _check_at_least_one(config.max_in_flight, "--max-in-flight")
     if config.policy not in POLICIES:
         raise ConfigError(f"--policy {config.policy!r} must be one of {sorted(POLICIES)}.")
+    for flag, value in (
+        ("--cache-prefill-weight", config.cache_prefill_weight),
+        ("--cache-load-weight", config.cache_load_weight),
+    ):
+        if not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"{flag} {value} must be a finite number of 0 or more.")
+    if not (config.cache_balance_ratio >= 1 and math.isfinite(config.cache_balance_ratio)):
+        raise ConfigError(f"--cache-balance-ratio {config.cache_balance_ratio} must be a finite number of 1 or more.")
+    if config.cache_balance_slack < 0:
+        raise ConfigError(f"--cache-balance-slack {config.cache_balance_slack} must be 0 or more.")
     if config.prefix_cache_sharing not in ("isolated", "shared"):
         raise ConfigError(f"--prefix-cache-sharing {config.prefix_cache_sharing!r} must be isolated or shared.")
     for key in config.api_keys:

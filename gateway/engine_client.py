@@ -23,6 +23,8 @@ from gateway.upstream import UpstreamLink
 
 INFERENCE_SERVICE = "dpgate.v1.InferenceService"
 CONTROL_SERVICE = "dpgate.v1.ControlService"
+# The largest GetTokenizer answer accepted (a 262k-token vocabulary's JSON is about 33 MB).
+_TOKENIZER_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 def engine_channel_options(config: GatewayConfig) -> list[tuple[str, int]]:
@@ -67,6 +69,9 @@ class EngineClient:
         self.num_in_flight = 0
         self.num_running = 0
         self.num_waiting = 0
+        self.num_used_blocks = 0  # KV blocks held by the engine's requests (GetLoad)
+        # Prompt tokens its cache lacked, of calls this gateway routed there that are still open.
+        self.pending_prefill_tokens = 0
         self.rank_metadata: tuple[tuple[str, str], ...] = ()
         # Set by a forwarded call that saw the engine fail, so the watcher probes at once.
         self.wake = asyncio.Event()
@@ -86,6 +91,12 @@ class EngineClient:
             f"/{CONTROL_SERVICE}/GetLoad",
             request_serializer=control_pb2.GetLoadRequest.SerializeToString,
             response_deserializer=control_pb2.GetLoadResponse.FromString,
+            _registered_method=True,
+        )
+        self._watch_kv_events = channel.unary_stream(
+            f"/{CONTROL_SERVICE}/WatchKvEvents",
+            request_serializer=control_pb2.WatchKvEventsRequest.SerializeToString,
+            response_deserializer=control_pb2.WatchKvEventsResponse.FromString,
             _registered_method=True,
         )
         self._health = health_pb2_grpc.HealthStub(channel)
@@ -127,6 +138,7 @@ class EngineClient:
             num_in_flight=self.num_in_flight,
             num_running=self.num_running,
             num_waiting=self.num_waiting,
+            load_tokens=self.num_used_blocks * identity.kv_block_size + self.pending_prefill_tokens,
         )
 
     async def fetch_identity(self, timeout: float) -> EngineIdentity:
@@ -143,7 +155,30 @@ class EngineClient:
             max_model_len=info.max_model_len,
             kv_block_size=info.kv_block_size,
             num_kv_blocks=info.num_kv_blocks,
+            prefix_caching=info.prefix_caching,
+            prefix_cache_root_hash=info.prefix_cache_root_hash,
+            tokenizer_fingerprint=info.tokenizer_fingerprint,
         )
+
+    async def fetch_tokenizer(self, timeout: float) -> control_pb2.GetTokenizerResponse:
+        """The engine's tokenizer JSON and chat template, once per fingerprint.
+
+        A channel of its own: a large vocabulary's JSON (Gemma 3's is tens of MB) passes the
+        control channel's message limit, which stays as configured for everything else.
+        """
+        options = [*self._options, ("grpc.max_receive_message_length", _TOKENIZER_MESSAGE_BYTES)]
+        async with aio.insecure_channel(self.address, options=options) as channel:
+            get_tokenizer = channel.unary_unary(
+                f"/{CONTROL_SERVICE}/GetTokenizer",
+                request_serializer=control_pb2.GetTokenizerRequest.SerializeToString,
+                response_deserializer=control_pb2.GetTokenizerResponse.FromString,
+                _registered_method=True,
+            )
+            return await get_tokenizer(control_pb2.GetTokenizerRequest(), timeout=timeout)
+
+    def watch_kv_events(self) -> grpc.aio.UnaryStreamCall:
+        """The engine's prefix-cache event stream, on the current channel (gateway/kv_watch.py reads it)."""
+        return self._watch_kv_events(control_pb2.WatchKvEventsRequest())
 
     async def check_serving(self, timeout: float) -> bool:
         """True when the engine's inference service reports SERVING; raises AioRpcError if unreachable."""
@@ -155,6 +190,7 @@ class EngineClient:
         load = await self._get_load(control_pb2.GetLoadRequest(), timeout=timeout)
         self.num_running = load.num_running
         self.num_waiting = load.num_waiting
+        self.num_used_blocks = load.num_used_blocks
 
     async def close(self) -> None:
         self.link.close()

@@ -26,8 +26,11 @@ from gateway.config import GatewayConfig
 from gateway.engine_client import EngineClient
 from gateway.handshake import check_engine
 from gateway.health_state import PROBE_AT_ONCE, Blame, CallEvent, HealthStatus, blame_for
+from gateway.kv_watch import KvWatch
 from gateway.metrics import GatewayMetrics
+from gateway.prompt_tokenizers import PromptTokenizers
 from gateway.routing import EngineView
+from gateway.routing.kv_index import KvIndex
 
 logger = logging.getLogger("dpgate.gateway.engines")
 # How often a retired engine is checked for its last call in flight to end.
@@ -52,6 +55,16 @@ class EnginePool:
         self._watchers: dict[str, asyncio.Task] = {}
         self._retirements: set[asyncio.Task] = set()
         self._listeners: list[Callable[[], None]] = []
+        # The exact prefix-cache index, fed by every connected engine's WatchKvEvents stream.
+        self.kv_index = KvIndex()
+        self.kv_watch = KvWatch(self.kv_index, retry_s=min(0.5, config.health_interval_s), lag=metrics.kv_event_lag)
+        metrics.watch_kv_index(self._index_sizes)
+        # The engines' tokenizers by fingerprint, learned once each (GetTokenizer).
+        self.prompt_tokenizers = PromptTokenizers()
+        self._learning: set[asyncio.Task] = set()
+
+    def _index_sizes(self) -> list[tuple[int, str, int]]:
+        return [(e.rank, e.address, self.kv_index.num_blocks(e.address)) for e in self.engines if e.rank is not None]
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` whenever any engine's health or serving state changes."""
@@ -122,6 +135,10 @@ class EnginePool:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.kv_watch.close()
+        for task in self._learning:
+            task.cancel()
+        await asyncio.gather(*self._learning, return_exceptions=True)
         engines = [*self.engines, *self.retiring]
         await asyncio.gather(*(engine.close() for engine in engines), return_exceptions=True)
 
@@ -148,6 +165,7 @@ class EnginePool:
         self.engines.remove(engine)
         del self.by_address[engine.address]
         self._watchers.pop(engine.address).cancel()
+        self.kv_watch.stop(engine.address)
         self.retiring.append(engine)
         logger.info("%s left DNS: retiring it after its %d calls in flight", _name(engine), engine.num_in_flight)
         task = asyncio.get_running_loop().create_task(self._finish_retiring(engine), name=f"retire {engine.address}")
@@ -208,6 +226,7 @@ class EnginePool:
                 self._metrics.engines_refused.labels(reason=refusal.reason.value).inc()
             was_connected = engine.identity is not None
             engine.identity, engine.refusal = None, refusal
+            self.kv_watch.stop(engine.address)
             if was_connected:
                 self._notify()
             return False
@@ -220,10 +239,36 @@ class EnginePool:
                 identity.model,
             )
         engine.accept(identity)
+        if identity.prefix_caching:
+            self.kv_watch.start(engine)
+            self._learn_tokenizer(engine, identity.tokenizer_fingerprint)
+        else:
+            self.kv_watch.stop(engine.address)
         if engine.breaker.reset():
             logger.info("%s circuit is now closed (new handshake)", _name(engine))
         self._metrics.set_circuit_state(identity.rank, engine.address, engine.breaker.state)
         return True
+
+    def _learn_tokenizer(self, engine: EngineClient, fingerprint: str) -> None:
+        """Fetch the engine's tokenizer in the background unless known, retrying every health
+        interval while the engine stays connected (until then its calls are routed by load)."""
+        tokenizers = self.prompt_tokenizers
+        if not fingerprint or tokenizers.knows(fingerprint) or tokenizers.is_learning(fingerprint):
+            return
+        timeout = max(10.0, self._config.health_timeout_s)  # tens of MB for a large vocabulary
+
+        async def learn() -> None:
+            while engine.identity is not None and not tokenizers.knows(fingerprint):
+                try:
+                    await tokenizers.learn(fingerprint, lambda: engine.fetch_tokenizer(timeout))
+                except grpc.aio.AioRpcError as error:
+                    logger.warning("could not fetch the tokenizer of %s: %s", _name(engine), error.code().name)
+                if not tokenizers.knows(fingerprint):
+                    await asyncio.sleep(self._config.health_interval_s)
+
+        task = asyncio.get_running_loop().create_task(learn(), name=f"tokenizer {engine.address}")
+        self._learning.add(task)
+        task.add_done_callback(self._learning.discard)
 
     def _probe_failed(self, engine: EngineClient) -> None:
         # is_serving keeps the engine's last answer: only the failure threshold takes it out.

@@ -50,6 +50,7 @@ from gateway.health_state import CallEvent
 from gateway.http2 import frames as f
 from gateway.http2.connection import Headers
 from gateway.http2.header_codec import encode_literal
+from gateway.routing.filters import PromptBlocks
 from gateway.status_table import status_for
 from gateway.upstream import UpstreamConnection, UpstreamStream
 
@@ -105,6 +106,8 @@ class ForwardedCall:
         "_headers",
         "_is_done",
         "_num_sent",
+        "_pending_prefill",
+        "_prompt",
         "_rank",
         "_request",
         "_request_id",
@@ -153,6 +156,8 @@ class ForwardedCall:
         self._upstream: UpstreamStream | None = None
         self._scanner = MessageScanner(_DELTA_TAG if streaming else -1)
         self._num_sent = 0
+        self._prompt: PromptBlocks | None = None  # what cache-aware routing read from the prompt
+        self._pending_prefill = 0  # prompt tokens counted in the engine's pending_prefill_tokens
         self._is_done = False
         self._ttft_pending = streaming
         self._task: asyncio.Future | None = None
@@ -198,6 +203,24 @@ class ForwardedCall:
         if self._rpc == "Abort" and self._rank is None:
             self._task = asyncio.ensure_future(self._abort_everywhere())
             return
+        prompts = self._forwarder.prompts
+        if prompts.applies(self._rpc, self._rank):
+            authorization = self._headers.authorization[0] if self._headers.authorization else None
+            self._task = asyncio.ensure_future(prompts.prompt_blocks(self._rpc, request, authorization))
+            self._task.add_done_callback(self._prompt_read)
+            return
+        self._attempt()
+
+    def _prompt_read(self, task: asyncio.Future) -> None:
+        """The prompt is tokenized and hashed (off the loop): now choose with it."""
+        if self._is_done or task.cancelled():
+            return
+        self._task = None
+        error = task.exception()
+        if error is not None:  # a bug in reading the prompt must not fail the call: route by load
+            logger.error("reading the prompt for routing failed", exc_info=error)
+        else:
+            self._prompt = task.result()
         self._attempt()
 
     # --- choosing and opening upstream --------------------------------------------------------
@@ -205,7 +228,7 @@ class ForwardedCall:
     def _attempt(self) -> None:
         self._attempts_left -= 1
         try:
-            engine = self._forwarder.choose(self._rank, self._excluded)
+            engine = self._forwarder.choose(self._rank, self._excluded, prompt=self._prompt)
         except GatewayError as error:
             code, message = status_for(error)
             self._finish(code, message)
@@ -213,6 +236,11 @@ class ForwardedCall:
         self._engine = engine
         self._served_rank = engine.rank
         engine.num_in_flight += 1
+        if self._prompt is not None:
+            prompt = self._prompt
+            self._pending_prefill = prompt.num_prompt_tokens - prompt.matched_tokens.get(engine.address, 0)
+            engine.pending_prefill_tokens += self._pending_prefill
+            self._forwarder.prompts.opened(engine.address, prompt)
         connection = engine.link.ready_connection()
         if connection is not None:
             self._open(connection)
@@ -294,6 +322,10 @@ class ForwardedCall:
         self._upstream = None
         if engine is not None:
             engine.num_in_flight -= 1
+            engine.pending_prefill_tokens -= self._pending_prefill
+            self._pending_prefill = 0
+            if self._prompt is not None:
+                self._forwarder.prompts.closed(engine.address, self._prompt)
             self._engine = None
         return engine
 

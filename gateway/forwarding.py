@@ -32,8 +32,10 @@ from gateway.health_state import Blame, CallEvent
 from gateway.metadata import RANK_KEY, parse_data_parallel_rank
 from gateway.metrics import GatewayMetrics
 from gateway.pass_through import PassThroughCall
+from gateway.prompt_routing import PromptRouter
 from gateway.routing import RouteRequest, RoutingPolicy, choose_engine_for_request
-from gateway.tenant import tenant_fields
+from gateway.routing.filters import PromptBlocks
+from gateway.tenant import tenant_fields, tenant_names
 from gateway.upstream import UpstreamLink
 
 DRAINING_MESSAGE = "gateway is shutting down; retry on another gateway"
@@ -67,6 +69,7 @@ class Forwarder:
         self.max_message_bytes = config.max_message_bytes
         self._accepted_keys = tuple(f"Bearer {key}".encode() for key in config.api_keys)
         self._tenant_fields = tenant_fields(config.api_keys, config.prefix_cache_sharing)
+        self.prompts = PromptRouter(pool, tenant_names(config.api_keys, config.prefix_cache_sharing))
         self.local_services: UpstreamLink | None = None  # set by the server once they listen
         self.is_refusing = False
         self.num_in_flight = 0
@@ -157,13 +160,21 @@ class Forwarder:
 
     # --- shared by the calls ------------------------------------------------------------------
 
-    def choose(self, rank: int | None, excluded: frozenset[str], model: str | None = None) -> EngineClient:
-        """`model`: when the caller read it from the request (the gRPC relay does not parse bodies)."""
-        request = RouteRequest(rank=rank, model=model, excluded_addresses=excluded)
+    def choose(
+        self, rank: int | None, excluded: frozenset[str], model: str | None = None, prompt: PromptBlocks | None = None
+    ) -> EngineClient:
+        """`model`: when the caller read it from the request (the gRPC relay does not parse bodies);
+        `prompt`: the request's block hashes, when the gateway hashed its prompt (cache-aware routing)."""
+        request = RouteRequest(rank=rank, model=model, excluded_addresses=excluded, prompt=prompt)
         pool = self._pool
         view = choose_engine_for_request(
             pool.snapshot(), request, self._policy, data_parallel_size=pool.data_parallel_size
         )
+        if rank is None:
+            reason = getattr(self._policy, "last_reason", None)  # only cache-aware tells why
+            cached = prompt.cached_tokens.get(view.address, 0) if prompt is not None else 0
+            num_tokens = prompt.num_prompt_tokens if prompt is not None else 0
+            self.metrics.record_route(reason.value if reason is not None else "load", view.rank, num_tokens, cached)
         return pool.by_address[view.address]
 
     def record(self, rpc: str, code: grpc.StatusCode, start: float) -> None:

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--host", default=d.host, help=f"address to bind (default {d.host})")
     add("--port", type=int, default=d.port, help=f"port to serve on, 0 for a free one (default {d.port})")
     add("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: off)")
-    add("--policy", default=d.policy, choices=sorted(POLICIES), help="how unpinned calls pick an engine")
+    add_routing_arguments(parser)
     add("--api-key", action="append", default=[],
         help="accept `authorization: Bearer KEY` (repeatable; keys in $DPGATE_API_KEYS are accepted too)")
     add("--api-key-file", help="file of accepted API keys, one a line")
@@ -75,6 +75,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--access-log", action=argparse.BooleanOptionalAction, default=True,
         help="log one line per call with its x-request-id, code and duration (default); it costs ~15 us a call")
     add_log_format_argument(parser, deprecated_json_flag=True)
+
+
+def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--policy` and the cache-aware policy's knobs; `dpgate serve` has them too (docs/gateway.md,
+    "Cache-aware routing")."""
+    d = _DEFAULTS
+    add = parser.add_argument
+    add("--policy", default=d.policy, choices=sorted(POLICIES),
+        help=f"how unpinned calls pick an engine (default {d.policy}: by the engines' prefix caches and load)")
+    add("--cache-prefill-weight", type=float, default=d.cache_prefill_weight,
+        help="cache-aware: cost of each prompt token an engine's cache lacks (default %(default)s)")
+    add("--cache-load-weight", type=float, default=d.cache_load_weight,
+        help="cache-aware: cost of each token of work an engine already has (default %(default)s)")
+    add("--cache-balance-ratio", type=float, default=d.cache_balance_ratio,
+        help="cache-aware: an engine with more calls than this times the least loaded one's, plus "
+        "--cache-balance-slack, takes no cache hit: it spills to the next best (default %(default)s)")
+    add("--cache-balance-slack", type=int, default=d.cache_balance_slack,
+        help="cache-aware: calls allowed above the ratio bound (default %(default)s)")  # fmt: skip
+
+
+def routing_from_args(args: argparse.Namespace) -> dict[str, object]:
+    """The GatewayConfig fields of `add_routing_arguments`."""
+    return {
+        "policy": args.policy,
+        "cache_prefill_weight": args.cache_prefill_weight,
+        "cache_load_weight": args.cache_load_weight,
+        "cache_balance_ratio": args.cache_balance_ratio,
+        "cache_balance_slack": args.cache_balance_slack,
+    }
 
 
 def add_prefix_cache_sharing_argument(parser: argparse.ArgumentParser) -> None:
@@ -164,7 +193,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         host=args.host,
         port=args.port,
         metrics_port=args.metrics_port,
-        policy=args.policy,
+        **routing_from_args(args),
         api_keys=api_keys,
         tls_cert_file=args.tls_cert,
         tls_key_file=args.tls_key,

@@ -27,6 +27,12 @@ class EngineIdentity:
     max_model_len: int = 0
     kv_block_size: int = 0
     num_kv_blocks: int = 0
+    # Whether the engine keeps a prefix cache (and so publishes WatchKvEvents), and the parent
+    # hash of its sequences' first blocks (engines agree on it when they compute the same KV).
+    prefix_caching: bool = False
+    prefix_cache_root_hash: int = 0
+    # GetTokenizerResponse.fingerprint: engines of one model must turn text into the same ids.
+    tokenizer_fingerprint: str = ""
 
 
 class RefusalReason(enum.Enum):
@@ -37,6 +43,7 @@ class RefusalReason(enum.Enum):
     RANK_OUT_OF_RANGE = "rank_out_of_range"
     DUPLICATE_RANK = "duplicate_rank"
     MODEL_MISMATCH = "model_mismatch"
+    TOKENIZER_MISMATCH = "tokenizer_mismatch"
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,8 +74,7 @@ def check_engine(candidate: EngineIdentity, accepted: Iterable[EngineIdentity]) 
     if candidate.rank >= candidate.data_parallel_size:
         return Refusal(
             RefusalReason.RANK_OUT_OF_RANGE,
-            f"{where} reports data parallel rank {candidate.rank}, "
-            f"outside 0..{candidate.data_parallel_size - 1}",
+            f"{where} reports data parallel rank {candidate.rank}, outside 0..{candidate.data_parallel_size - 1}",
         )
     for other in others:
         if other.rank == candidate.rank:
@@ -80,5 +86,13 @@ def check_engine(candidate: EngineIdentity, accepted: Iterable[EngineIdentity]) 
         return Refusal(
             RefusalReason.MODEL_MISMATCH,
             f"{where} serves model {candidate.model!r} but connected engines serve {others[0].model!r}",
+        )
+    # An engine too old to report a fingerprint reports "": it is compared like any other value,
+    # so a deployment is either all reporting the same one or all silent.
+    if others and others[0].tokenizer_fingerprint != candidate.tokenizer_fingerprint:
+        return Refusal(
+            RefusalReason.TOKENIZER_MISMATCH,
+            f"{where} reports tokenizer fingerprint {candidate.tokenizer_fingerprint[:16] or 'none'} but connected "
+            f"engines of model {candidate.model!r} report {others[0].tokenizer_fingerprint[:16] or 'none'}",
         )
     return None

@@ -10,8 +10,10 @@ makes `rate()` miss that event and leaves dashboards and alerts without data to 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
 
 from gateway.handshake import RefusalReason
 from gateway.health_state import CircuitState
@@ -43,6 +45,32 @@ class GatewayMetrics:
             "dpgate_gateway_routed_requests",
             "Calls forwarded, by serving data parallel rank.",
             ["rank"],
+            registry=r,
+        )
+        self.routed_by_reason = Counter(
+            "dpgate_gateway_routed_by_reason",
+            "Unpinned calls by why the policy chose the engine: cache (it holds part of the prompt and "
+            "won on cost), load (no cached block decided it), balance (the guard spilled a hot prefix).",
+            ["reason"],
+            registry=r,
+        )
+        self.hashed_prompt_tokens = Counter(
+            "dpgate_gateway_hashed_prompt_tokens",
+            "Prompt tokens of calls routed with their prompt hashed, by the rank chosen.",
+            ["rank"],
+            registry=r,
+        )
+        self.predicted_cached_tokens = Counter(
+            "dpgate_gateway_predicted_cached_tokens",
+            "Of those, tokens the chosen engine's prefix cache held when the call was routed; beside the "
+            "engine's dpgate_prefix_cache_hits_total (its reported cached tokens) it shows how exact routing is.",
+            ["rank"],
+            registry=r,
+        )
+        self.kv_event_lag = Histogram(
+            "dpgate_gateway_kv_event_lag_seconds",
+            "Time from an engine sending a KV event (or snapshot) to the gateway applying it to its index.",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
             registry=r,
         )
         self.retries = Counter(
@@ -87,6 +115,16 @@ class GatewayMetrics:
         for reason in RefusalReason:
             self.engines_refused.labels(reason=reason.value)
 
+    def record_route(self, reason: str, rank: int, prompt_tokens: int, cached_tokens: int) -> None:
+        self.routed_by_reason.labels(reason=reason).inc()
+        if prompt_tokens:
+            self.hashed_prompt_tokens.labels(rank=str(rank)).inc(prompt_tokens)
+            self.predicted_cached_tokens.labels(rank=str(rank)).inc(cached_tokens)
+
+    def watch_kv_index(self, blocks_by_engine: Callable[[], Iterable[tuple[int, str, int]]]) -> None:
+        """Export `dpgate_gateway_kv_index_blocks{rank,address}`, read at each scrape from the index."""
+        self.registry.register(_IndexCollector(blocks_by_engine))
+
     def set_engine_health(self, rank: int, address: str, is_healthy: bool) -> None:
         self.engine_healthy.labels(rank=str(rank), address=address).set(1 if is_healthy else 0)
 
@@ -103,3 +141,20 @@ class GatewayMetrics:
         """Expose the registry over HTTP; returns the bound port (`port` 0 picks a free one)."""
         server, _ = start_http_server(port, addr=host, registry=self.registry)
         return server.server_port
+
+
+class _IndexCollector:
+    """The index's size per engine, computed when scraped (no bookkeeping on the event path)."""
+
+    def __init__(self, blocks_by_engine: Callable[[], Iterable[tuple[int, str, int]]]) -> None:
+        self._blocks_by_engine = blocks_by_engine
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "dpgate_gateway_kv_index_blocks",
+            "Cached KV blocks the gateway's index holds for each engine (from its WatchKvEvents stream).",
+            labels=["rank", "address"],
+        )
+        for rank, address, num_blocks in self._blocks_by_engine():
+            family.add_metric([str(rank), address], num_blocks)
+        yield family

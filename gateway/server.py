@@ -44,6 +44,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.openai.server import OpenAIServer
 from gateway.readiness import is_ready
 from gateway.routing import make_policy
+from gateway.routing.cache_aware import CacheAwareWeights
 from gateway.status_table import INTERNAL_ERROR_MESSAGE
 from gateway.upstream import UpstreamLink
 
@@ -82,7 +83,8 @@ class GatewayServer:
         self.config = config
         self.metrics = GatewayMetrics()
         self.pool = EnginePool(config, self.metrics)
-        self.forwarder = Forwarder(self.pool, make_policy(config.policy), self.metrics, config)
+        policy = make_policy(config.policy, cache_aware_weights(config))
+        self.forwarder = Forwarder(self.pool, policy, self.metrics, config)
         self.health = health_aio.HealthServicer()
         # Health and reflection live on a grpc.aio server the front door relays to (loopback only);
         # the guard answers bodies that are not valid messages with INVALID_ARGUMENT.
@@ -224,3 +226,12 @@ class GatewayServer:
             await asyncio.gather(self._discovery_task, return_exceptions=True)
         await self.pool.close()
         await asyncio.sleep(0)  # let the transports flush their last frames
+
+
+def cache_aware_weights(config: GatewayConfig) -> CacheAwareWeights:
+    return CacheAwareWeights(
+        prefill_weight=config.cache_prefill_weight,
+        load_weight=config.cache_load_weight,
+        balance_ratio=config.cache_balance_ratio,
+        balance_slack=config.cache_balance_slack,
+    )

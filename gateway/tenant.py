@@ -32,3 +32,10 @@ def tenant_fields(api_keys: tuple[str, ...], sharing: str) -> dict[bytes, bytes]
     return {
         f"Bearer {key}".encode(): encode_literal(TENANT_KEY.encode(), tenant_for_key(key).encode()) for key in api_keys
     }
+
+
+def tenant_names(api_keys: tuple[str, ...], sharing: str) -> dict[bytes, str]:
+    """`authorization` header value -> the tenant the engine hashes with (cache-aware routing), as sent."""
+    if sharing == "shared":
+        return {}
+    return {f"Bearer {key}".encode(): tenant_for_key(key) for key in api_keys}

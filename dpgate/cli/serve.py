@@ -28,8 +28,10 @@ from gateway.gateway_command import (
     add_http_arguments,
     add_limit_arguments,
     add_prefix_cache_sharing_argument,
+    add_routing_arguments,
     http_from_args,
     limits_from_args,
+    routing_from_args,
 )
 
 logger = logging.getLogger("dpgate.serve")
@@ -92,6 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--tool-call-parser", help="engines' tool-call parser: hermes or none (default: by the model)")
     add_log_format_argument(parser, deprecated_json_flag=True)  # the gateway's and every engine's
     add_prefix_cache_sharing_argument(parser)
+    add_routing_arguments(parser)
     add_limit_arguments(parser)
     add_http_arguments(parser, default_port=DEFAULT_HTTP_PORT)
     add("--no-http", action="store_true", help="serve no OpenAI HTTP API (gRPC only)")
@@ -197,6 +200,7 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
             log_format=args.log_format,
             access_log=args.access_log,
             prefix_cache_sharing=args.prefix_cache_sharing,
+            **routing_from_args(args),
             **limits_from_args(args),
             **http_from_args(args),
             # Health says SERVING only once every engine started here passed the handshake.

@@ -25,7 +25,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("version", "parallelism", "model", "max_model_len", "kv_block_size", "num_kv_blocks", "kv_capacity_tokens", "prefix_caching", "prefix_cache_root_hash")
+    __slots__ = ("version", "parallelism", "model", "max_model_len", "kv_block_size", "num_kv_blocks", "kv_capacity_tokens", "prefix_caching", "prefix_cache_root_hash", "tokenizer_fingerprint")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PARALLELISM_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class GetServerInfoResponse(_message.Message):
     KV_CAPACITY_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHING_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_ROOT_HASH_FIELD_NUMBER: _ClassVar[int]
+    TOKENIZER_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     version: str
     parallelism: Parallelism
     model: str
@@ -44,7 +45,8 @@ class GetServerInfoResponse(_message.Message):
     kv_capacity_tokens: int
     prefix_caching: bool
     prefix_cache_root_hash: int
-    def __init__(self, version: _Optional[str] = ..., parallelism: _Optional[_Union[Parallelism, _Mapping]] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., prefix_cache_root_hash: _Optional[int] = ...) -> None: ...
+    tokenizer_fingerprint: str
+    def __init__(self, version: _Optional[str] = ..., parallelism: _Optional[_Union[Parallelism, _Mapping]] = ..., model: _Optional[str] = ..., max_model_len: _Optional[int] = ..., kv_block_size: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., kv_capacity_tokens: _Optional[int] = ..., prefix_caching: _Optional[bool] = ..., prefix_cache_root_hash: _Optional[int] = ..., tokenizer_fingerprint: _Optional[str] = ...) -> None: ...
 
 class Parallelism(_message.Message):
     __slots__ = ("data_parallel_rank", "data_parallel_size", "tensor_parallel_size", "decode_context_parallel_size", "dcp_kv_interleave")
@@ -197,17 +199,33 @@ class AllBlocksCleared(_message.Message):
     def __init__(self) -> None: ...
 
 class WatchKvEventsResponse(_message.Message):
-    __slots__ = ("incarnation_id", "sequence_number", "snapshot", "stored", "removed", "cleared")
+    __slots__ = ("incarnation_id", "sequence_number", "snapshot", "stored", "removed", "cleared", "sent_unix_nanos")
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     CLEARED_FIELD_NUMBER: _ClassVar[int]
+    SENT_UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
     incarnation_id: str
     sequence_number: int
     snapshot: KvSnapshot
     stored: BlockStored
     removed: BlockRemoved
     cleared: AllBlocksCleared
-    def __init__(self, incarnation_id: _Optional[str] = ..., sequence_number: _Optional[int] = ..., snapshot: _Optional[_Union[KvSnapshot, _Mapping]] = ..., stored: _Optional[_Union[BlockStored, _Mapping]] = ..., removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ...) -> None: ...
+    sent_unix_nanos: int
+    def __init__(self, incarnation_id: _Optional[str] = ..., sequence_number: _Optional[int] = ..., snapshot: _Optional[_Union[KvSnapshot, _Mapping]] = ..., stored: _Optional[_Union[BlockStored, _Mapping]] = ..., removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ..., sent_unix_nanos: _Optional[int] = ...) -> None: ...
+
+class GetTokenizerRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetTokenizerResponse(_message.Message):
+    __slots__ = ("tokenizer_json", "chat_template", "fingerprint")
+    TOKENIZER_JSON_FIELD_NUMBER: _ClassVar[int]
+    CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    tokenizer_json: bytes
+    chat_template: str
+    fingerprint: str
+    def __init__(self, tokenizer_json: _Optional[bytes] = ..., chat_template: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...

@@ -66,6 +66,11 @@ class ControlServiceStub:
                 request_serializer=dpgate_dot_v1_dot_control__pb2.WatchKvEventsRequest.SerializeToString,
                 response_deserializer=dpgate_dot_v1_dot_control__pb2.WatchKvEventsResponse.FromString,
                 _registered_method=True)
+        self.GetTokenizer = channel.unary_unary(
+                '/dpgate.v1.ControlService/GetTokenizer',
+                request_serializer=dpgate_dot_v1_dot_control__pb2.GetTokenizerRequest.SerializeToString,
+                response_deserializer=dpgate_dot_v1_dot_control__pb2.GetTokenizerResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -116,6 +121,14 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTokenizer(self, request, context):
+        """GetTokenizer hands over what a router needs to turn a prompt into the engine's token ids (and
+        so into the engine's block hashes) without loading the model's files itself.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -148,6 +161,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.WatchKvEvents,
                     request_deserializer=dpgate_dot_v1_dot_control__pb2.WatchKvEventsRequest.FromString,
                     response_serializer=dpgate_dot_v1_dot_control__pb2.WatchKvEventsResponse.SerializeToString,
+            ),
+            'GetTokenizer': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTokenizer,
+                    request_deserializer=dpgate_dot_v1_dot_control__pb2.GetTokenizerRequest.FromString,
+                    response_serializer=dpgate_dot_v1_dot_control__pb2.GetTokenizerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -314,6 +332,33 @@ class ControlService:
             '/dpgate.v1.ControlService/WatchKvEvents',
             dpgate_dot_v1_dot_control__pb2.WatchKvEventsRequest.SerializeToString,
             dpgate_dot_v1_dot_control__pb2.WatchKvEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTokenizer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpgate.v1.ControlService/GetTokenizer',
+            dpgate_dot_v1_dot_control__pb2.GetTokenizerRequest.SerializeToString,
+            dpgate_dot_v1_dot_control__pb2.GetTokenizerResponse.FromString,
             options,
             channel_credentials,
             insecure,

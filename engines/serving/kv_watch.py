@@ -8,6 +8,7 @@ Hashes travel as fixed64, never as doubles.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 from dpgate.v1 import control_pb2
@@ -45,11 +46,14 @@ def kv_snapshot_message(incarnation_id: str, snapshot: Snapshot) -> control_pb2.
         incarnation_id=incarnation_id,
         sequence_number=snapshot.sequence_number,
         snapshot=control_pb2.KvSnapshot(blocks=blocks),
+        sent_unix_nanos=time.time_ns(),
     )
 
 
 def kv_event_message(incarnation_id: str, number: int, event: KvEvent) -> control_pb2.WatchKvEventsResponse:
-    message = control_pb2.WatchKvEventsResponse(incarnation_id=incarnation_id, sequence_number=number)
+    message = control_pb2.WatchKvEventsResponse(
+        incarnation_id=incarnation_id, sequence_number=number, sent_unix_nanos=time.time_ns()
+    )
     if isinstance(event, BlockStored):
         block = message.stored.block
         block.block_hash, block.parent_hash, block.num_tokens = event.block_hash, event.parent_hash, event.num_tokens

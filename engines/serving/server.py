@@ -37,6 +37,7 @@ from engines.serving.metrics import EngineMetrics
 from engines.serving.request_builder import ModelLimits
 from engines.serving.servicers import INTERNAL_MESSAGE, ControlServicer, InferenceServicer, invalid_body_counter
 from engines.serving.startup import freeze_startup_heap, start_model
+from engines.serving.tokenizer_export import tokenizer_message
 
 logger = logging.getLogger("dpgate.engine")
 
@@ -150,8 +151,12 @@ async def serve(config: EngineConfig) -> int:
         engine, limits, tokenizer.tokenizer, metrics, config.data_parallel_rank, chat_template, parsing
     )
     generate_pb2_grpc.add_InferenceServiceServicer_to_server(inference, server)
+    tokenizer_export = await asyncio.to_thread(
+        tokenizer_message, tokenizer.tokenizer, chat_template.source if chat_template is not None else None
+    )
+    server_info.tokenizer_fingerprint = tokenizer_export.fingerprint
     control_pb2_grpc.add_ControlServiceServicer_to_server(
-        ControlServicer(engine, server_info, model_info, metrics), server
+        ControlServicer(engine, server_info, model_info, metrics, tokenizer_export), server
     )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

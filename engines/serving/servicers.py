@@ -347,11 +347,13 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         server_info: control_pb2.GetServerInfoResponse,
         model_info: control_pb2.GetModelInfoResponse,
         metrics: EngineMetrics,
+        tokenizer: control_pb2.GetTokenizerResponse | None = None,
     ):
         self.engine = engine
         self.server_info = server_info
         self.model_info = model_info
         self.metrics = metrics
+        self.tokenizer = tokenizer if tokenizer is not None else control_pb2.GetTokenizerResponse()
 
     async def GetServerInfo(self, request, context) -> control_pb2.GetServerInfoResponse:
         self.metrics.requests.labels(rpc="GetServerInfo", code="OK").inc()
@@ -360,6 +362,10 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
     async def GetModelInfo(self, request, context) -> control_pb2.GetModelInfoResponse:
         self.metrics.requests.labels(rpc="GetModelInfo", code="OK").inc()
         return self.model_info
+
+    async def GetTokenizer(self, request, context) -> control_pb2.GetTokenizerResponse:
+        self.metrics.requests.labels(rpc="GetTokenizer", code="OK").inc()
+        return self.tokenizer
 
     async def GetLoad(self, request, context) -> control_pb2.GetLoadResponse:
         self.metrics.requests.labels(rpc="GetLoad", code="OK").inc()

@@ -81,4 +81,4 @@ def choose_engine_for_request(
         if not kept:
             raise engine_filter.refuse(request)
         candidates = kept
-    return candidates[policy.select(candidates)]
+    return candidates[policy.select(candidates, request)]

@@ -6,11 +6,26 @@ when a pinned rank's engine is filtered out, the first filter that removed it na
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from gateway.errors import GatewayError, NotFound, Unavailable
 from gateway.routing.snapshot import EngineView
+
+
+@dataclass(slots=True, frozen=True)
+class PromptBlocks:
+    """What the gateway learned from the prompt: its length and, per engine address, how many of
+    its leading tokens that engine's prefix cache would give it (the exact index, plus the
+    prefixes of calls this gateway has open there: gateway/routing/in_flight.py)."""
+
+    num_prompt_tokens: int
+    # address -> leading prompt tokens the engine holds or is computing for an open call (routing).
+    matched_tokens: Mapping[str, int] = field(default_factory=dict)
+    # address -> of which its cache held when read from the exact index (the prediction metric).
+    cached_tokens: Mapping[str, int] = field(default_factory=dict)
+    # address -> the prompt's block chain as that engine hashes it (kept while the call is open).
+    chains: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True, frozen=True)
@@ -21,11 +36,14 @@ class RouteRequest:
     bytes; the engine then answers NOT_FOUND for a model it does not serve); the OpenAI HTTP API,
     which parses its JSON, sets it. `excluded_addresses` holds engines
     already tried by this call, so a retry never lands on the same engine.
+    `prompt` is filled only for calls the gateway tokenized (Generate text or ids, unpinned).
     """
 
     rank: int | None = None
     model: str | None = None
     excluded_addresses: frozenset[str] = frozenset()
+    # The prompt's cache view, when the gateway hashed it (cache-aware routing); else None.
+    prompt: PromptBlocks | None = None
 
 
 def _unavailable(request: RouteRequest, reason: str) -> GatewayError:

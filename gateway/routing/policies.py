@@ -11,13 +11,15 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from gateway.routing.cache_aware import CacheAware, CacheAwareWeights
+from gateway.routing.filters import RouteRequest
 from gateway.routing.snapshot import EngineView
 
 
 class RoutingPolicy(Protocol):
     """Picks one of a non-empty list of candidate engines."""
 
-    def select(self, engines: Sequence[EngineView]) -> int: ...
+    def select(self, engines: Sequence[EngineView], request: RouteRequest | None = None) -> int: ...
 
 
 class LeastLoaded:
@@ -32,7 +34,7 @@ class LeastLoaded:
     def __init__(self) -> None:
         self._num_ties = 0
 
-    def select(self, engines: Sequence[EngineView]) -> int:
+    def select(self, engines: Sequence[EngineView], request: RouteRequest | None = None) -> int:
         lowest = min(engine.load for engine in engines)
         tied = sorted((engine.rank, i) for i, engine in enumerate(engines) if engine.load == lowest)
         if len(tied) == 1:
@@ -49,7 +51,7 @@ class RoundRobin:
     def __init__(self) -> None:
         self._num_calls = 0
 
-    def select(self, engines: Sequence[EngineView]) -> int:
+    def select(self, engines: Sequence[EngineView], request: RouteRequest | None = None) -> int:
         order = sorted(range(len(engines)), key=lambda i: engines[i].rank)
         pick = order[self._num_calls % len(order)]
         self._num_calls += 1
@@ -68,20 +70,21 @@ class PowerOfTwo:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()
 
-    def select(self, engines: Sequence[EngineView]) -> int:
+    def select(self, engines: Sequence[EngineView], request: RouteRequest | None = None) -> int:
         if len(engines) == 1:
             return 0
         first, second = self._rng.sample(range(len(engines)), 2)
         return min(first, second, key=lambda i: (engines[i].load, engines[i].rank))
 
 
-POLICIES: dict[str, Callable[[], RoutingPolicy]] = {
-    "least-loaded": LeastLoaded,
-    "round-robin": RoundRobin,
-    "power-of-two": PowerOfTwo,
+POLICIES: dict[str, Callable[[CacheAwareWeights], RoutingPolicy]] = {
+    "least-loaded": lambda weights: LeastLoaded(),
+    "round-robin": lambda weights: RoundRobin(),
+    "power-of-two": lambda weights: PowerOfTwo(),
+    "cache-aware": CacheAware,
 }
 
 
-def make_policy(name: str) -> RoutingPolicy:
+def make_policy(name: str, weights: CacheAwareWeights | None = None) -> RoutingPolicy:
     """A fresh policy by its configured name (the config has already checked the name exists)."""
-    return POLICIES[name]()
+    return POLICIES[name](weights or CacheAwareWeights())

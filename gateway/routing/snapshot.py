@@ -22,6 +22,9 @@ class EngineView:
     num_in_flight: int = 0
     num_running: int = 0
     num_waiting: int = 0
+    # Tokens of work the engine has: KV it holds for requests (GetLoad) plus prompt tokens this
+    # gateway sent it that its cache did not hold, for calls still in flight.
+    load_tokens: int = 0
 
     @property
     def load(self) -> int:

@@ -68,7 +68,7 @@ def test_the_ratio_table_comes_first_with_dpgate_over_each_peer_and_the_cpu(rend
     startup = next(row for figure, row in rows.items() if figure.startswith("time from launch"))
     assert "(lower is better)" in startup[3]
     for name in ("throughput", "engine_vs_transformers", "startup", "gateway_overhead", "http_overhead",
-                 "grammar_overhead", "dcp_scaling", "engine_vs_llamacpp", "prefix_cache"):  # fmt: skip
+                 "grammar_overhead", "dcp_scaling", "engine_vs_llamacpp", "prefix_cache", "routing"):  # fmt: skip
         assert report_render.ROWS[name](fixture(name)), name
     assert len(listed) == sum(len(report_render.ROWS[name](fixture(name))) for name in report_render.ROWS)
     # engine_vs_llamacpp stores describe_machine()'s line, which counts torch threads, not cores

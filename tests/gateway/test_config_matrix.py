@@ -89,6 +89,10 @@ MATRIX = [
     ("api key file missing", [*E, "--api-key-file", "{missing}"], "--api-key-file"),
     ("api key file empty", [*E, "--api-key-file", "{keys}"], "--api-key-file"),
     ("unknown policy", [*E, "--policy", "random"], "--policy"),
+    ("negative prefill weight", [*E, "--cache-prefill-weight", "-1"], "--cache-prefill-weight"),
+    ("infinite load weight", [*E, "--cache-load-weight", "inf"], "--cache-load-weight"),
+    ("balance ratio below 1", [*E, "--cache-balance-ratio", "0.9"], "--cache-balance-ratio"),
+    ("negative balance slack", [*E, "--cache-balance-slack", "-1"], "--cache-balance-slack"),
     ("port not a number", [*E, "--port", "http"], "--port"),
 ]
 

@@ -39,3 +39,13 @@ def test_restarted_engine_replaces_itself():
     assert check_engine(identity("a", 0), accepted) is None
     refusal = check_engine(identity("a", 1), accepted)
     assert refusal is not None and refusal.reason is RefusalReason.DUPLICATE_RANK
+
+
+def test_an_engine_whose_tokenizer_differs_is_refused_with_both_fingerprints():
+    first = EngineIdentity("a", 0, 2, "m", tokenizer_fingerprint="aa" * 32)
+    odd = EngineIdentity("b", 1, 2, "m", tokenizer_fingerprint="bb" * 32)
+    refusal = check_engine(odd, [first])
+    assert refusal is not None and refusal.reason is RefusalReason.TOKENIZER_MISMATCH
+    assert "bbbbbbbbbbbbbbbb" in refusal.message and "aaaaaaaaaaaaaaaa" in refusal.message
+    same = EngineIdentity("b", 1, 2, "m", tokenizer_fingerprint="aa" * 32)
+    assert check_engine(same, [first]) is None
