@@ -14,6 +14,7 @@ import torch
 from engines.grammar.bitmask import FilledMasks, MaskBuffers, MaskedRows, apply_masks, fill_masks
 from engines.kv.block_manager import BlockManager
 from engines.runner.model_runner import ChunkInput, ModelRunner
+from engines.sampling.params import UnsampleableRowError
 from engines.sampling.sampler import SampledToken, greedy_tokens, is_plain_greedy, sample
 from engines.scheduling.scheduler import Scheduler, SchedulerConfig
 from engines.scheduling.sequence import Sequence, StepOutput
@@ -102,7 +103,8 @@ class LLMEngine:
         self, seqs: list[Sequence], logits: torch.Tensor, masks: FilledMasks | None, stats: StepStats
     ) -> list[StepOutput]:
         """Row i of `logits` is seqs[i]'s next token. Constrained rows are masked first, all at once;
-        a row its grammar leaves empty ends that request with an error and is not sampled. Plain
+        a row its grammar leaves empty, or whose parameters leave no distribution, ends that request
+        with an error (the client's) and the rest of the batch goes on. Plain
         greedy rows take their argmax together (one op, one host copy), masked or not; the others
         `sample`."""
         masked = self._apply_grammar_masks(logits, masks)
@@ -120,17 +122,21 @@ class LLMEngine:
                     row_logits, raw = masked.logits[masked.index[row]], logits[row]
                 else:
                     row_logits, raw = logits[row], None
-                sampled = sample(
-                    row_logits,
-                    seq.sampling,
-                    seq.generator,
-                    seq.prompt_ids,
-                    seq.output_ids,
-                    seq.blocked_token_ids,
-                    raw_logits=raw,
-                )
-                outputs.append(seq.append(sampled))
-                stats.num_generated_tokens += 1
+                try:
+                    sampled = sample(
+                        row_logits,
+                        seq.sampling,
+                        seq.generator,
+                        seq.prompt_ids,
+                        seq.output_ids,
+                        seq.blocked_token_ids,
+                        raw_logits=raw,
+                    )
+                except UnsampleableRowError as error:  # this row's own parameters: only it ends
+                    outputs.append(seq.fail(error))
+                else:
+                    outputs.append(seq.append(sampled))
+                    stats.num_generated_tokens += 1
             if seq.is_finished:
                 self.scheduler.finish(seq)
         return outputs

@@ -9,10 +9,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_TOP_LOGPROBS = 20
+# What the sampler can compute with in float32. Logits are divided by the temperature and by the
+# repetition penalty: below these floors a finite logit becomes inf and softmax gives NaN (1e-40
+# did, issue 22); above the ceilings, or at inf, -inf / inf is NaN. Within them the largest
+# quotient (|logit| + bias 100, / 0.01, / 0.001) stays far below float32's 3.4e38.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 100.0
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
 
 
 class InvalidRequestError(ValueError):
     """A request field breaks a rule; the message names the field and the rule."""
+
+
+class UnsampleableRowError(InvalidRequestError):
+    """A request's parameters left its logits row without a probability distribution (NaN or no
+    mass). Validation should make it impossible; if it still happens it ends only that request,
+    as the client's error, never the step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +50,17 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self, vocab_size: int) -> None:
-        require(self.temperature >= 0.0, "sampling.temperature must be >= 0")
+        require(
+            self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE,
+            f"sampling.temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]",
+        )
         require(self.top_k >= 0, "sampling.top_k must be >= 0 (0 disables it)")
         require(0.0 < self.top_p <= 1.0, "sampling.top_p must be in (0, 1]")
         require(0.0 <= self.min_p <= 1.0, "sampling.min_p must be in [0, 1]")
-        require(self.repetition_penalty > 0.0, "sampling.repetition_penalty must be > 0")
+        require(
+            MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+            f"sampling.repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}]",
+        )
         require(-2.0 <= self.presence_penalty <= 2.0, "sampling.presence_penalty must be in [-2, 2]")
         require(-2.0 <= self.frequency_penalty <= 2.0, "sampling.frequency_penalty must be in [-2, 2]")
         for token_id, bias in self.logit_bias.items():
