@@ -59,9 +59,10 @@ class LLMEngine:
         """Queue a sequence; raises QueueFullError or RequestTooLargeError (both RESOURCE_EXHAUSTED)."""
         self.scheduler.add(seq)
 
-    def abort(self, request_id: str) -> StepOutput | None:
-        """End a waiting or running request and free its blocks; None when it is not here."""
-        seq = self.scheduler.abort(request_id)
+    def abort(self, handle: int) -> StepOutput | None:
+        """End a waiting or running request (by Sequence.handle) and free its blocks; None when it
+        is not here."""
+        seq = self.scheduler.abort(handle)
         return seq.abort() if seq is not None else None
 
     def step(self) -> list[StepOutput]:

@@ -8,6 +8,7 @@ held back from the stream until it is known not to be one.
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,11 @@ if TYPE_CHECKING:  # xgrammar is imported only where a grammar is used
     from engines.grammar.matcher import RequestGrammar
 
 
+# Handles are unique in the process for its lifetime: two live requests never share one, and a
+# handle is never reused, so a late output of an ended request cannot reach a newer one.
+_next_handle = itertools.count(1).__next__
+
+
 class FinishReason(enum.Enum):
     LENGTH = "length"
     STOP = "stop"
@@ -30,8 +36,10 @@ class FinishReason(enum.Enum):
 
 @dataclass(slots=True)
 class StepOutput:
-    """What one step produced for one sequence, ready for the client."""
+    """What one step produced for one sequence, ready for the client. `handle` says which request
+    it belongs to; `request_id` is only the client's label."""
 
+    handle: int
     request_id: str
     text: str
     token_ids: list[int]
@@ -49,6 +57,9 @@ class StepOutput:
 
 @dataclass(slots=True)
 class Sequence:
+    """`request_id` is the client's label and need not be unique; `handle` is the engine's own
+    identity for this request, and everything inside the engine (abort, output routing) uses it."""
+
     request_id: str
     prompt_ids: list[int]
     sampling: SamplingParams
@@ -71,6 +82,7 @@ class Sequence:
     # preemption, so recomputing the prompt never scores a position twice.
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
     detokenizer: IncrementalDetokenizer = field(init=False)
+    handle: int = field(init=False, default_factory=_next_handle)
 
     def __post_init__(self) -> None:
         self.detokenizer = IncrementalDetokenizer(self.decoder, self.prompt_ids)
@@ -178,6 +190,7 @@ class Sequence:
         text = self.output_text[self.num_emitted_chars : visible] if visible > self.num_emitted_chars else ""
         self.num_emitted_chars = max(self.num_emitted_chars, visible)
         return StepOutput(
+            handle=self.handle,
             request_id=self.request_id,
             text=text,
             token_ids=token_ids,

@@ -2,12 +2,15 @@
 per-request output queues out.
 
 Synchronisation: the event loop never touches `LLMEngine`; it sends `AddRequest`/`AbortRequest`
-commands through a thread-safe queue. The engine thread drains commands before every step and
-hands each `StepOutput` back with `loop.call_soon_threadsafe`, so every per-request
-`asyncio.Queue` is only ever used on the loop. Load figures are read from plain ints the engine
-thread publishes after each step. A request with a grammar is compiled on the grammar compiler's
-threads (awaited here, on neither the loop nor the engine thread) before the engine sees it, so a
-grammar that does not compile fails the call before any token.
+commands through a thread-safe queue. Requests are known by their `Sequence.handle`, never by the
+client's request_id: two calls may carry the same id (a reused id right after a cancel, or two
+clients that picked the same one), and each must read only its own outputs. The engine thread
+drains commands before every step and hands each `StepOutput` back with
+`loop.call_soon_threadsafe`, so every per-request `asyncio.Queue` is only ever used on the loop.
+Load figures are read from plain ints the engine thread publishes after each step. A request with
+a grammar is compiled on the grammar compiler's threads (awaited here, on neither the loop nor the
+engine thread) before the engine sees it, so a grammar that does not compile fails the call
+before any token.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class AddRequest:
 
 @dataclass(frozen=True, slots=True)
 class AbortRequest:
-    request_id: str
+    handle: int  # Sequence.handle
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,14 +57,13 @@ class EngineFailedError(RuntimeError):
 
 
 class AsyncEngine:
-    def __init__(
-        self, engine: LLMEngine, loop: asyncio.AbstractEventLoop, grammars: GrammarCompiler | None = None
-    ):
+    def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop, grammars: GrammarCompiler | None = None):
         self.engine = engine
         self.loop = loop
         self.grammars = grammars
         self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
-        self.streams: dict[str, asyncio.Queue[StepOutput | BaseException]] = {}
+        self.streams: dict[int, asyncio.Queue[StepOutput | BaseException]] = {}  # by Sequence.handle
+        self.handles: dict[str, set[int]] = {}  # client request_id -> live handles, for Control.Abort
         self.num_running = 0
         self.num_waiting = 0
         self.kv_usage = 0.0
@@ -70,15 +72,14 @@ class AsyncEngine:
         self.thread.start()
 
     def is_active(self, request_id: str) -> bool:
-        return request_id in self.streams
+        return request_id in self.handles
 
     async def generate(self, seq: Sequence) -> AsyncIterator[StepOutput]:
         """Yield the request's step outputs until it finishes. Leaving early (the client went
         away or the call was cancelled) aborts the request in the engine."""
-        if seq.request_id in self.streams:
-            raise ValueError(f"request_id {seq.request_id!r} is already running")
         outputs: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
-        self.streams[seq.request_id] = outputs
+        self.streams[seq.handle] = outputs
+        self.handles.setdefault(seq.request_id, set()).add(seq.handle)
         finished = False
         try:
             if seq.grammar_spec is not None:
@@ -95,9 +96,17 @@ class AsyncEngine:
                     raise output.error
                 yield output
         finally:
-            self.streams.pop(seq.request_id, None)
+            self._forget(seq)
             if not finished:
-                self.commands.put(AbortRequest(seq.request_id))
+                self.commands.put(AbortRequest(seq.handle))
+
+    def _forget(self, seq: Sequence) -> None:
+        self.streams.pop(seq.handle, None)
+        live = self.handles.get(seq.request_id)
+        if live is not None:
+            live.discard(seq.handle)
+            if not live:
+                del self.handles[seq.request_id]
 
     async def _attach_grammar(self, seq: Sequence) -> None:
         """Compile (or find cached) the request's grammar and give it its own matcher."""
@@ -109,23 +118,25 @@ class AsyncEngine:
         seq.grammar = RequestGrammar(compiled, seq.stop_token_ids, self.grammars.vocab_size)
 
     def abort(self, request_ids: list[str]) -> list[str]:
-        """Ask the engine to end these requests; returns the ids that were active."""
-        active = [rid for rid in request_ids if rid in self.streams]
+        """Ask the engine to end every live request carrying these client ids; returns the ids
+        that had one."""
+        active = [rid for rid in dict.fromkeys(request_ids) if rid in self.handles]
         for rid in active:
-            self.commands.put(AbortRequest(rid))
+            for handle in self.handles[rid]:
+                self.commands.put(AbortRequest(handle))
         return active
 
     def shutdown(self) -> None:
         self.commands.put(Shutdown())
         self.thread.join(timeout=10)
 
-    def _deliver(self, output: StepOutput | BaseException, request_id: str) -> None:
-        stream = self.streams.get(request_id)
-        if stream is not None:
+    def _deliver(self, output: StepOutput | BaseException, handle: int) -> None:
+        stream = self.streams.get(handle)
+        if stream is not None:  # None: its call has gone, and nobody else may read it
             stream.put_nowait(output)
 
     def _send(self, output: StepOutput) -> None:
-        self.loop.call_soon_threadsafe(self._deliver, output, output.request_id)
+        self.loop.call_soon_threadsafe(self._deliver, output, output.handle)
 
     def _apply(self, command: Command) -> bool:
         """Apply one command; False means shut down."""
@@ -135,9 +146,9 @@ class AsyncEngine:
             try:
                 self.engine.add(command.seq)
             except (QueueFullError, RequestTooLargeError) as refusal:
-                self.loop.call_soon_threadsafe(self._deliver, refusal, command.seq.request_id)
+                self.loop.call_soon_threadsafe(self._deliver, refusal, command.seq.handle)
         else:
-            aborted = self.engine.abort(command.request_id)
+            aborted = self.engine.abort(command.handle)
             if aborted is not None:
                 self._send(aborted)
         return True
@@ -166,5 +177,5 @@ class AsyncEngine:
         """A step raised: every running request ends with the error rather than hanging, and
         its blocks are freed; waiting requests keep their place."""
         for seq in list(self.engine.scheduler.running):
-            self.engine.abort(seq.request_id)
-            self.loop.call_soon_threadsafe(self._deliver, error, seq.request_id)
+            self.engine.abort(seq.handle)
+            self.loop.call_soon_threadsafe(self._deliver, error, seq.handle)

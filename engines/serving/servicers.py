@@ -43,7 +43,13 @@ from engines.serving.request_builder import (
 logger = logging.getLogger(__name__)
 request_logger = logging.getLogger("dpgate.engine.requests")
 
+class DuplicateRequestIdError(ValueError):
+    """Another live request on this engine carries the same request_id (ALREADY_EXISTS). Outputs
+    are routed by the engine's own handle, so this is about Control.Abort, which names ids."""
+
+
 STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
+    DuplicateRequestIdError: grpc.StatusCode.ALREADY_EXISTS,
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
     UnknownModelError: grpc.StatusCode.NOT_FOUND,
     UnsupportedFeatureError: grpc.StatusCode.UNIMPLEMENTED,
@@ -287,7 +293,10 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         try:
             seq = build()
             if self.engine.is_active(seq.request_id):
-                raise InvalidRequestError(f"request_id {seq.request_id!r} is already in use by a running request")
+                raise DuplicateRequestIdError(
+                    f"request_id {seq.request_id!r} is already in use by a running request; "
+                    "pick another or leave it empty"
+                )
             async for output in self.engine.generate(seq):
                 if first_token_at is None and output.token_ids:
                     first_token_at = time.perf_counter()
