@@ -132,8 +132,7 @@ class GrammarCompiler:
         try:
             return backend.compile(spec)
         except (RuntimeError, ValueError) as error:  # xgrammar's refusals: parse and conversion errors
-            reason = _CPP_LOCATION.sub("", str(error)).strip() or type(error).__name__
-            raise InvalidGrammarError(f"{spec.field} does not compile: {reason}") from None
+            raise InvalidGrammarError(f"{spec.field} does not compile: {_reason(error)}") from None
 
     def _keep(self, key: CacheKey, future: Future) -> None:
         with self._lock:
@@ -145,3 +144,12 @@ class GrammarCompiler:
                 return  # not the grammar's fault: let the next request try again
             size = _REFUSAL_BYTES if error is not None else self._backend.size_of(future.result())
             self._cache.put(key, future, size)
+
+
+def _reason(error: Exception) -> str:
+    """xgrammar's own message when it is one (a parse or conversion error), without its C++ source
+    location; a sentence when it is an internal assertion or empty, which says nothing to a client."""
+    reason = _CPP_LOCATION.sub("", str(error)).strip()
+    if not reason or "Check failed" in reason:
+        return "the grammar library could not convert it (an unsupported or contradictory construct)"
+    return reason

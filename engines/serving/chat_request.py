@@ -12,16 +12,17 @@ arguments follow the tool's schema.
 
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import json_format, struct_pb2
 
 from dpgate.v1 import generate_pb2
 from engines.chat.markers import ChatParsing
 from engines.chat.template import ChatTemplate
 from engines.chat.tools import ToolSpec, parse_tools
+from engines.grammar.spec import strict_json_loads
 from engines.sampling.params import InvalidRequestError, require
 from engines.scheduling.detokenizer import Decoder
 from engines.scheduling.sequence import Sequence
@@ -145,8 +146,8 @@ def _past_call(field: str, call: generate_pb2.ToolCall) -> dict[str, Any]:
 
 def _json_object(text: str, field: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+        value = strict_json_loads(text)
+    except (ValueError, RecursionError):  # not JSON, or NaN / Infinity
         raise InvalidRequestError(f"{field} must be a JSON object, but it is not valid JSON") from None
     require(isinstance(value, dict), f"{field} must be a JSON object")
     return value
@@ -181,6 +182,7 @@ def _tool_choice(request: ChatLike, tools: list[ToolSpec]) -> str:
 def _kwargs(request: ChatLike) -> dict[str, Any] | None:
     if not request.HasField("chat_template_kwargs"):
         return None
+    _require_finite(request.chat_template_kwargs, "chat_template_kwargs")
     kwargs = json_format.MessageToDict(request.chat_template_kwargs)
     for key in kwargs:
         require(
@@ -188,6 +190,28 @@ def _kwargs(request: ChatLike) -> dict[str, Any] | None:
             f"chat_template_kwargs.{key} is not allowed: the server sets {key!r} itself",
         )
     return kwargs
+
+
+def _require_finite(value: struct_pb2.Struct | struct_pb2.ListValue | struct_pb2.Value, field: str) -> None:
+    """A Struct may hold NaN or Infinity (protobuf's double), which JSON cannot: refuse it naming
+    the place, rather than letting the conversion to JSON fail as an engine error."""
+    if isinstance(value, struct_pb2.Struct):
+        for key, item in value.fields.items():
+            _require_finite(item, f"{field}.{key}")
+    elif isinstance(value, struct_pb2.ListValue):
+        for index, item in enumerate(value.values):
+            _require_finite(item, f"{field}[{index}]")
+    else:
+        kind = value.WhichOneof("kind")
+        if kind == "number_value":
+            require(
+                math.isfinite(value.number_value),
+                f"{field} is {value.number_value}: NaN and Infinity are not JSON values",
+            )
+        elif kind == "struct_value":
+            _require_finite(value.struct_value, field)
+        elif kind == "list_value":
+            _require_finite(value.list_value, field)
 
 
 def _generate_request(request: ChatLike, prompt_ids: list[int]) -> generate_pb2.GenerateRequest:

@@ -43,6 +43,7 @@ from engines.serving.request_builder import (
 logger = logging.getLogger(__name__)
 request_logger = logging.getLogger("dpgate.engine.requests")
 
+
 class DuplicateRequestIdError(ValueError):
     """Another live request on this engine carries the same request_id (ALREADY_EXISTS). Outputs
     are routed by the engine's own handle, so this is about Control.Abort, which names ids."""
