@@ -15,6 +15,7 @@ from dpgate.logs import LOG_FORMATS, add_log_format_argument
 from engines.model.numerics import AUTO_DTYPE
 from engines.model.source import DEFAULT_MODEL
 from engines.parallel.plan import ParallelConfigError, ParallelPlan
+from engines.sampling.params import DEFAULT_MAX_STOP_STRING_BYTES, DEFAULT_MAX_STOP_STRINGS
 from engines.scheduling.scheduler import SchedulerConfig
 
 # Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
@@ -46,6 +47,8 @@ class EngineConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
+    max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
+    max_stop_string_bytes: int = DEFAULT_MAX_STOP_STRING_BYTES
     num_threads: int | None = None
     quantization: str = "int8"
     batch_invariant: bool = True
@@ -109,6 +112,10 @@ class EngineConfig:
             raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
         if self.max_waiting < 0:
             raise ConfigError(f"--max-waiting {self.max_waiting} must be >= 0")
+        if self.max_stop_strings < 0:
+            raise ConfigError(f"--max-stop-strings {self.max_stop_strings} must be >= 0")
+        if self.max_stop_string_bytes < 0:
+            raise ConfigError(f"--max-stop-string-bytes {self.max_stop_string_bytes} must be >= 0")
         try:
             cores = self.num_threads or usable_cores()
             self.parallel_plan.check_flags(self.block_size, cores, self.allow_oversubscribe)
@@ -160,6 +167,8 @@ class EngineConfig:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_waiting=args.max_waiting,
+            max_stop_strings=args.max_stop_strings,
+            max_stop_string_bytes=args.max_stop_string_bytes,
             num_threads=args.num_threads,
             quantization=args.quantization,
             batch_invariant=args.batch_invariant,
@@ -257,6 +266,18 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=256,
         help="queued requests before new ones get RESOURCE_EXHAUSTED (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-stop-strings",
+        type=int,
+        default=DEFAULT_MAX_STOP_STRINGS,
+        help="stop strings one request may give; more is INVALID_ARGUMENT (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-stop-string-bytes",
+        type=int,
+        default=DEFAULT_MAX_STOP_STRING_BYTES,
+        help="UTF-8 bytes a request's stop strings may hold together; more is INVALID_ARGUMENT (default: %(default)s)",
     )
     parser.add_argument(
         "--quantization",

@@ -17,6 +17,10 @@ MIN_TEMPERATURE = 1e-3
 MAX_TEMPERATURE = 100.0
 MIN_REPETITION_PENALTY = 0.01
 MAX_REPETITION_PENALTY = 100.0
+# Stop strings: OpenAI's API takes 4, chat clients a handful; the stop automaton is built per
+# request from all of them (engines/scheduling/stop_strings.py), so its size is bounded here.
+DEFAULT_MAX_STOP_STRINGS = 32
+DEFAULT_MAX_STOP_STRING_BYTES = 4096
 
 
 class InvalidRequestError(ValueError):
@@ -85,7 +89,15 @@ class StoppingParams:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
 
-    def validate(self, vocab_size: int, num_prompt_tokens: int, max_model_len: int) -> None:
+    def validate(
+        self,
+        vocab_size: int,
+        num_prompt_tokens: int,
+        max_model_len: int,
+        *,
+        max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS,
+        max_stop_string_bytes: int = DEFAULT_MAX_STOP_STRING_BYTES,
+    ) -> None:
         require(self.max_tokens >= 1, "stopping.max_tokens must be >= 1")
         room = max_model_len - num_prompt_tokens
         require(
@@ -95,6 +107,17 @@ class StoppingParams:
         )
         require(self.min_tokens >= 0, "stopping.min_tokens must be >= 0")
         require(self.min_tokens <= self.max_tokens, "stopping.min_tokens must be <= stopping.max_tokens")
+        require(
+            len(self.stop) <= max_stop_strings,
+            f"stopping.stop holds {len(self.stop)} strings; at most {max_stop_strings} are allowed "
+            "(--max-stop-strings)",
+        )
+        num_bytes = sum(len(stop.encode()) for stop in self.stop)
+        require(
+            num_bytes <= max_stop_string_bytes,
+            f"stopping.stop strings hold {num_bytes} bytes together; at most {max_stop_string_bytes} are allowed "
+            "(--max-stop-string-bytes)",
+        )
         require(all(self.stop), "stopping.stop strings must not be empty")
         for token_id in self.stop_token_ids:
             require(token_id < vocab_size, f"stopping.stop_token_ids {token_id} must be < vocab size {vocab_size}")

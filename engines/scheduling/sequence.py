@@ -18,6 +18,7 @@ from engines.grammar.spec import GrammarSpec
 from engines.sampling.params import InvalidRequestError, SamplingParams, StoppingParams
 from engines.sampling.sampler import SampledToken
 from engines.scheduling.detokenizer import Decoder, IncrementalDetokenizer
+from engines.scheduling.stop_strings import StopScanner
 
 if TYPE_CHECKING:  # xgrammar is imported only where a grammar is used
     from engines.grammar.matcher import RequestGrammar
@@ -82,10 +83,13 @@ class Sequence:
     # preemption, so recomputing the prompt never scores a position twice.
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
     detokenizer: IncrementalDetokenizer = field(init=False)
+    stop_scanner: StopScanner | None = field(init=False, default=None)  # None: no stop strings
     handle: int = field(init=False, default_factory=_next_handle)
 
     def __post_init__(self) -> None:
         self.detokenizer = IncrementalDetokenizer(self.decoder, self.prompt_ids)
+        if self.stopping.stop:
+            self.stop_scanner = StopScanner(self.stopping.stop)
         if self.sampling.seed is not None:
             self.generator = torch.Generator().manual_seed(self.sampling.seed)
         elif not self.sampling.is_greedy:
@@ -129,8 +133,9 @@ class Sequence:
             self._finish(FinishReason.STOP)
             self.stop_token_id = token_id
         else:
-            self.output_text += self.detokenizer.add(token_id)
-            self._check_stop_strings()
+            new_text = self.detokenizer.add(token_id)
+            self.output_text += new_text
+            self._check_stop_strings(new_text)
         if self.grammar is not None and self.grammar.is_terminated:
             self._finish(FinishReason.STOP)
         if not self.is_finished and len(self.output_ids) >= self.stopping.max_tokens:
@@ -156,34 +161,24 @@ class Sequence:
         if self.finish_reason is None:
             self.finish_reason = reason
 
-    def _check_stop_strings(self) -> None:
-        if not self.stopping.stop or len(self.output_ids) <= self.stopping.min_tokens:
+    def _check_stop_strings(self, new_text: str) -> None:
+        """Feed this step's text to the stop automaton (O(new text)); a stop string that ends in it,
+        once min_tokens outputs exist, cuts the text where it starts and ends the request."""
+        if self.stop_scanner is None:
             return
-        # Text that could begin a stop string is never emitted, so a new match starts at or
-        # after the emitted prefix; searching from there skips matches ignored before min_tokens.
-        search_from = self.num_emitted_chars
-        best: tuple[int, str] | None = None
-        for stop in self.stopping.stop:
-            index = self.output_text.find(stop, search_from)
-            if index >= 0 and (best is None or index < best[0]):
-                best = (index, stop)
-        if best is not None:
-            self.output_text = self.output_text[: best[0]]
-            self.stop_string = best[1]
+        offset = len(self.output_text) - len(new_text)
+        match = self.stop_scanner.feed(new_text, offset, report=len(self.output_ids) > self.stopping.min_tokens)
+        if match is not None:
+            start, index = match
+            self.output_text = self.output_text[:start]
+            self.stop_string = self.stopping.stop[index]
             self._finish(FinishReason.STOP)
 
     def _held_back_chars(self) -> int:
         """Length of the longest text suffix that could still grow into a stop string."""
-        if self.is_finished or not self.stopping.stop:
+        if self.is_finished or self.stop_scanner is None:
             return 0
-        text = self.output_text
-        held = 0
-        for stop in self.stopping.stop:
-            for size in range(min(len(stop) - 1, len(text)), held, -1):
-                if stop.startswith(text[-size:]):
-                    held = size
-                    break
-        return held
+        return self.stop_scanner.held
 
     def _emit(self, token_ids: list[int], logprobs: list[SampledToken]) -> StepOutput:
         visible = len(self.output_text) - self._held_back_chars()

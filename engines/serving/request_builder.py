@@ -15,7 +15,14 @@ from engines.grammar.spec import (
     json_schema_spec,
     regex_spec,
 )
-from engines.sampling.params import InvalidRequestError, SamplingParams, StoppingParams, require
+from engines.sampling.params import (
+    DEFAULT_MAX_STOP_STRING_BYTES,
+    DEFAULT_MAX_STOP_STRINGS,
+    InvalidRequestError,
+    SamplingParams,
+    StoppingParams,
+    require,
+)
 from engines.scheduling.detokenizer import Decoder
 from engines.scheduling.sequence import Sequence
 
@@ -38,6 +45,8 @@ class ModelLimits:
     vocab_size: int
     max_model_len: int
     eos_token_ids: frozenset[int]
+    max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS  # --max-stop-strings
+    max_stop_string_bytes: int = DEFAULT_MAX_STOP_STRING_BYTES  # --max-stop-string-bytes
 
 
 GenerateLike = generate_pb2.GenerateRequest | generate_pb2.GenerateStreamRequest
@@ -53,7 +62,13 @@ def build_sequence(request: GenerateLike, limits: ModelLimits, tokenizer: Decode
     sampling = _sampling_params(request)
     sampling.validate(limits.vocab_size)
     stopping = _stopping_params(request, room=limits.max_model_len - len(prompt_ids))
-    stopping.validate(limits.vocab_size, len(prompt_ids), limits.max_model_len)
+    stopping.validate(
+        limits.vocab_size,
+        len(prompt_ids),
+        limits.max_model_len,
+        max_stop_strings=limits.max_stop_strings,
+        max_stop_string_bytes=limits.max_stop_string_bytes,
+    )
     stop_token_ids = set(stopping.stop_token_ids)
     if not stopping.ignore_eos:
         stop_token_ids |= limits.eos_token_ids

@@ -89,7 +89,14 @@ async def serve(config: EngineConfig) -> int:
     freeze_startup_heap()
     metrics.watch(engine)
     metrics.set_identity(config.data_parallel_rank, config.data_parallel_size, source.name, __version__)
-    limits = ModelLimits(source.name, loaded.config.vocab_size, max_model_len, tokenizer.eos_token_ids)
+    limits = ModelLimits(
+        source.name,
+        loaded.config.vocab_size,
+        max_model_len,
+        tokenizer.eos_token_ids,
+        max_stop_strings=config.max_stop_strings,
+        max_stop_string_bytes=config.max_stop_string_bytes,
+    )
 
     server_info = control_pb2.GetServerInfoResponse(
         version=__version__,
