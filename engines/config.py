@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from dpgate.host import usable_cores
 from dpgate.logs import LOG_FORMATS, add_log_format_argument
+from engines.grammar.limits import DEFAULT_COMPILE_BUDGET_S
 from engines.model.numerics import AUTO_DTYPE
 from engines.model.source import DEFAULT_MODEL
 from engines.parallel.plan import ParallelConfigError, ParallelPlan
@@ -49,6 +50,7 @@ class EngineConfig:
     max_waiting: int = 256
     max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
     max_stop_string_bytes: int = DEFAULT_MAX_STOP_STRING_BYTES
+    grammar_compile_timeout_s: float = DEFAULT_COMPILE_BUDGET_S
     num_threads: int | None = None
     quantization: str = "int8"
     batch_invariant: bool = True
@@ -114,6 +116,8 @@ class EngineConfig:
             raise ConfigError(f"--max-waiting {self.max_waiting} must be >= 0")
         if self.max_stop_strings < 0:
             raise ConfigError(f"--max-stop-strings {self.max_stop_strings} must be >= 0")
+        if not self.grammar_compile_timeout_s > 0:
+            raise ConfigError(f"--grammar-compile-timeout-s {self.grammar_compile_timeout_s} must be > 0")
         if self.max_stop_string_bytes < 0:
             raise ConfigError(f"--max-stop-string-bytes {self.max_stop_string_bytes} must be >= 0")
         try:
@@ -169,6 +173,7 @@ class EngineConfig:
             max_waiting=args.max_waiting,
             max_stop_strings=args.max_stop_strings,
             max_stop_string_bytes=args.max_stop_string_bytes,
+            grammar_compile_timeout_s=args.grammar_compile_timeout_s,
             num_threads=args.num_threads,
             quantization=args.quantization,
             batch_invariant=args.batch_invariant,
@@ -278,6 +283,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_STOP_STRING_BYTES,
         help="UTF-8 bytes a request's stop strings may hold together; more is INVALID_ARGUMENT (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--grammar-compile-timeout-s",
+        type=float,
+        default=DEFAULT_COMPILE_BUDGET_S,
+        help="seconds one grammar (structured output, or a tool-call grammar) may take to build; it runs in "
+        "a child process that is stopped then, and the request gets INVALID_ARGUMENT (default: %(default)s)",
     )
     parser.add_argument(
         "--quantization",

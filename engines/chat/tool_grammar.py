@@ -42,9 +42,7 @@ _CPP_LOCATION = re.compile(r"^\s*\[[0-9:]+\]\s+\S+:\d+:\s*")
 _MAX_JSON_WHITESPACE = 1
 
 
-def tool_call_grammar(
-    tools: list[ToolSpec], choice: str, markers: ChatMarkers, *, thinking: bool = False
-) -> GrammarSpec:
+def tool_call_grammar(tools: list[ToolSpec], choice: str, markers: ChatMarkers, thinking: bool = False) -> GrammarSpec:
     """An EBNF `GrammarSpec` of one or more calls of `tools` (choice "required") or of the tool
     named `choice`. Raises InvalidToolError, naming the field, for a choice that names no tool or a
     tool schema xgrammar cannot follow."""

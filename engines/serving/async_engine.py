@@ -19,7 +19,8 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,6 +57,12 @@ class EngineFailedError(RuntimeError):
     """The engine thread raised; the request cannot complete."""
 
 
+# Threads that validate, render and tokenize requests (and wait for tool-call grammars built in
+# the grammar compiler's children): off the event loop, so a 4 MB prompt or a slow chat template
+# never stalls health checks or the neighbours' streams.
+PREPARE_THREADS = 2
+
+
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, loop: asyncio.AbstractEventLoop, grammars: GrammarCompiler | None = None):
         self.engine = engine
@@ -66,6 +73,9 @@ class AsyncEngine:
         self.handles: dict[str, set[int]] = {}  # client request_id -> live handles, for Control.Abort
         self.num_running = 0
         self.num_waiting = 0
+        self.num_preparing = 0  # requests being built or waiting for their grammar: count as waiting
+        self.max_waiting = engine.scheduler.config.max_waiting
+        self._prepare_pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="dpgate-prepare")
         self.kv_usage = 0.0
         self.on_step = None  # optional callback(engine) after each step, for metrics
         self.thread = threading.Thread(target=self._run, name="dpgate-engine", daemon=True)
@@ -73,6 +83,31 @@ class AsyncEngine:
 
     def is_active(self, request_id: str) -> bool:
         return request_id in self.handles
+
+    async def run(self, build: Callable[[threading.Event], Sequence]) -> AsyncIterator[tuple[Sequence, StepOutput]]:
+        """Build a request off the loop, compile its grammar, then yield (sequence, output) until it
+        finishes. `build` gets an event set when the caller goes away (its grammar work stops).
+        Requests being built or compiled count toward --max-waiting with those queued in the
+        engine, so neither stage grows without bound."""
+        if self.num_waiting + self.num_preparing >= self.max_waiting:
+            raise QueueFullError(f"the engine's waiting queue is full ({self.max_waiting} requests)")
+        self.num_preparing += 1
+        try:
+            seq = await self._prepare(build)
+            if seq.grammar_spec is not None:
+                await self._attach_grammar(seq)
+        finally:
+            self.num_preparing -= 1
+        async for output in self.generate(seq):
+            yield seq, output
+
+    async def _prepare(self, build: Callable[[threading.Event], Sequence]) -> Sequence:
+        cancelled = threading.Event()
+        try:
+            return await asyncio.wrap_future(self._prepare_pool.submit(build, cancelled))
+        except asyncio.CancelledError:
+            cancelled.set()  # a tool-call grammar being built for it stops; a queued build never starts
+            raise
 
     async def generate(self, seq: Sequence) -> AsyncIterator[StepOutput]:
         """Yield the request's step outputs until it finishes. Leaving early (the client went
@@ -82,7 +117,7 @@ class AsyncEngine:
         self.handles.setdefault(seq.request_id, set()).add(seq.handle)
         finished = False
         try:
-            if seq.grammar_spec is not None:
+            if seq.grammar_spec is not None and seq.grammar is None:
                 await self._attach_grammar(seq)
             self.commands.put(AddRequest(seq))
             while not finished:
@@ -129,6 +164,7 @@ class AsyncEngine:
     def shutdown(self) -> None:
         self.commands.put(Shutdown())
         self.thread.join(timeout=10)
+        self._prepare_pool.shutdown(wait=False, cancel_futures=True)
 
     def _deliver(self, output: StepOutput | BaseException, handle: int) -> None:
         stream = self.streams.get(handle)

@@ -13,6 +13,7 @@ arguments follow the tool's schema.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from engines.grammar.spec import strict_json_loads
 from engines.sampling.params import InvalidRequestError, require
 from engines.scheduling.detokenizer import Decoder
 from engines.scheduling.sequence import Sequence
-from engines.serving.request_builder import ModelLimits, UnknownModelError, build_sequence
+from engines.serving.request_builder import ModelLimits, UnknownModelError, build_sequence, require_tokenizable
 
 ChatLike = generate_pb2.ChatRequest | generate_pb2.ChatStreamRequest
 
@@ -71,9 +72,23 @@ class ChatRun:
     parsing: ChatParsing  # the model's parsers, with parse_tools off when this request may not call tools
 
 
+def run_here(function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Grammar work run in the calling thread (tests, tools); the server passes the grammar
+    compiler's budgeted child processes instead."""
+    return function(*args)
+
+
 def build_chat(
-    request: ChatLike, limits: ModelLimits, tokenizer: Decoder, template: ChatTemplate, parsing: ChatParsing
+    request: ChatLike,
+    limits: ModelLimits,
+    tokenizer: Decoder,
+    template: ChatTemplate,
+    parsing: ChatParsing,
+    grammar_work: Callable[[Callable[..., Any], tuple[Any, ...]], Any] = run_here,
 ) -> ChatRun:
+    """Validate and render a chat request into a sequence. Runs off the event loop (it tokenizes
+    and may build a tool-call grammar); `grammar_work` runs the xgrammar conversion, which for a
+    deeply nested tool schema takes as long as a compile, within the compile budget."""
     if request.model and request.model != limits.served_name:
         raise UnknownModelError(
             f"model {request.model!r} is not served here; this server serves {limits.served_name!r}"
@@ -91,6 +106,7 @@ def build_chat(
     kwargs = _kwargs(request)
     wire_tools = [tool.as_template_tool() for tool in tools]
     rendered = template.render(messages, wire_tools or None, kwargs)
+    require_tokenizable(rendered.text, limits, "messages")
     prompt_ids = list(tokenizer(rendered.text, add_special_tokens=False).input_ids)
     require(bool(prompt_ids), "messages must render to a prompt of at least one token")
     sequence = build_sequence(_generate_request(request, prompt_ids), limits, tokenizer)
@@ -103,7 +119,9 @@ def build_chat(
         from engines.chat.tool_grammar import tool_call_grammar  # imports xgrammar (2 s): not at start-up
 
         choice_name = choice.removeprefix("name:")
-        sequence.grammar_spec = tool_call_grammar(tools, choice_name, parsing.markers, thinking=rendered.thinking)
+        sequence.grammar_spec = grammar_work(
+            tool_call_grammar, (tools, choice_name, parsing.markers, rendered.thinking)
+        )
         require(
             bool(sequence.stop_token_ids),
             "tool_choice REQUIRED or a named tool needs a token that ends the output: with stopping.ignore_eos "

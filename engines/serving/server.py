@@ -31,7 +31,7 @@ from engines.model.numerics import Numerics, NumericsError, choose_numerics
 from engines.model.source import resolve_model
 from engines.serving.async_engine import AsyncEngine
 from engines.serving.metrics import EngineMetrics
-from engines.serving.request_builder import ModelLimits
+from engines.serving.request_builder import ModelLimits, max_prompt_chars
 from engines.serving.servicers import INTERNAL_MESSAGE, ControlServicer, InferenceServicer, invalid_body_counter
 from engines.serving.startup import freeze_startup_heap, start_model
 
@@ -84,7 +84,12 @@ async def serve(config: EngineConfig) -> int:
     loaded, runner, max_model_len, num_blocks = model.loaded, model.runner, model.max_model_len, model.num_blocks
     logger.info("numerics: %s, on %s", numerics.describe(), cpu_info().describe())
     tokenizer = loaded.tokenizer
-    grammars = GrammarCompiler(tokenizer.tokenizer, loaded.config.vocab_size, tokenizer.eos_token_ids)
+    grammars = GrammarCompiler(
+        tokenizer.tokenizer,
+        loaded.config.vocab_size,
+        tokenizer.eos_token_ids,
+        budget_s=config.grammar_compile_timeout_s,
+    )
     engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop(), grammars)
     freeze_startup_heap()
     metrics.watch(engine)
@@ -96,6 +101,7 @@ async def serve(config: EngineConfig) -> int:
         tokenizer.eos_token_ids,
         max_stop_strings=config.max_stop_strings,
         max_stop_string_bytes=config.max_stop_string_bytes,
+        max_prompt_chars=max_prompt_chars(tokenizer.tokenizer, max_model_len),
     )
 
     server_info = control_pb2.GetServerInfoResponse(

@@ -37,7 +37,7 @@ class FakeBackend:
     threads: list[str] = field(default_factory=list)
     fail_with: Exception | None = None
 
-    def compile(self, spec: GrammarSpec):
+    def compile(self, spec: GrammarSpec, cancelled=None):
         self.gate.wait(timeout=10)
         self.compiled.append(spec)
         self.threads.append(threading.current_thread().name)

@@ -80,9 +80,15 @@ def test_control_abort_by_client_id_still_ends_the_live_request(tiny):
     asyncio.run(with_engine(tiny, body))
 
 
-def test_a_second_live_call_with_the_same_id_is_refused_as_already_exists():
-    import grpc
+def test_two_live_calls_with_the_same_id_each_get_their_own_tokens(tiny):
+    prompt_a, prompt_b = [1, 50, 60, 70], [1, 900, 901, 902, 903]
 
-    from engines.serving.servicers import DuplicateRequestIdError, status_for
+    async def body(runner: AsyncEngine):
+        async def tokens(prompt):
+            return [t async for out in runner.generate(make_sequence(tiny, "same", prompt, 10)) for t in out.token_ids]
 
-    assert status_for(DuplicateRequestIdError("request_id 'X' is already in use")) is grpc.StatusCode.ALREADY_EXISTS
+        alone_a, alone_b = await tokens(prompt_a), await tokens(prompt_b)
+        together = await asyncio.gather(tokens(prompt_a), tokens(prompt_b))
+        assert together == [alone_a, alone_b]
+
+    asyncio.run(with_engine(tiny, body))
