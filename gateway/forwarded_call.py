@@ -101,6 +101,23 @@ def engine_failure(engine: EngineClient, code: grpc.StatusCode, details: str, nu
     return EngineFailed(code.name, details or code.name)
 
 
+def merge_abort_results(engines: list[EngineClient], results: list[bytes | BaseException]) -> list[str]:
+    """The request ids every engine aborted; raises the first engine's failure as GatewayError.
+    An Abort cancelled because its engine's channel closed under it (the health watcher drops an
+    engine it cannot reach) is that engine being unavailable: CancelledError is a BaseException,
+    and letting it escape left the client's call hanging (issue 22)."""
+    aborted: list[str] = []
+    for engine, result in zip(engines, results, strict=True):
+        if isinstance(result, grpc.aio.AioRpcError):
+            raise engine_failure(engine, result.code(), result.details() or "", 0)
+        if isinstance(result, asyncio.CancelledError):
+            raise engine_failure(engine, grpc.StatusCode.UNAVAILABLE, "", 0)
+        if isinstance(result, BaseException):
+            raise EngineFailed("INTERNAL", f"data parallel rank {engine.rank} failed to answer Abort")
+        aborted.extend(control_pb2.AbortResponse.FromString(result).aborted_request_ids)
+    return aborted
+
+
 class ForwardedCall:
     """One dpgate.v1 call relayed to one engine (see the module docstring)."""
 
@@ -433,16 +450,13 @@ class ForwardedCall:
                 *(engine.abort(request, timeout=timeout, metadata=metadata) for engine in engines),
                 return_exceptions=True,
             )
-            aborted: list[str] = []
-            for engine, result in zip(engines, results, strict=True):
-                if isinstance(result, grpc.aio.AioRpcError):
-                    raise engine_failure(engine, result.code(), result.details() or "", 0)
-                if isinstance(result, BaseException):
-                    raise result
-                aborted.extend(control_pb2.AbortResponse.FromString(result).aborted_request_ids)
+            aborted = merge_abort_results(engines, results)
         except GatewayError as error:
             self._finish(*status_for(error))
             return
+        except asyncio.CancelledError:  # this task itself was cancelled (shutdown): still end the call
+            self._finish(*status_for(Unavailable("the gateway stopped while the Abort was in flight")))
+            raise
         except Exception:
             logger.exception("unexpected error while fanning out Abort")
             self._finish(*status_for(RuntimeError()))
