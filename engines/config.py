@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from dpgate.engine_token import EngineTokenError, read_engine_token
 from dpgate.host import usable_cores
 from dpgate.logs import LOG_FORMATS, add_log_format_argument
 from engines.grammar.limits import DEFAULT_COMPILE_BUDGET_S
@@ -64,6 +65,8 @@ class EngineConfig:
     reasoning_parser: str | None = None  # None: the model's default (engines/chat/markers.py)
     tool_call_parser: str | None = None
     reasoning_markers: str | None = None  # "START,END"
+    # dpgate/engine_token.py: with a token, calls other than health must carry it. Out of repr.
+    engine_token: str | None = field(default=None, repr=False)
 
     @property
     def parallel_plan(self) -> ParallelPlan:
@@ -187,7 +190,15 @@ class EngineConfig:
             reasoning_parser=args.reasoning_parser,
             tool_call_parser=args.tool_call_parser,
             reasoning_markers=args.reasoning_markers,
+            engine_token=_engine_token(args),
         )
+
+
+def _engine_token(args: argparse.Namespace) -> str | None:
+    try:
+        return read_engine_token(getattr(args, "engine_token_file", None))
+    except EngineTokenError as error:
+        raise ConfigError(str(error)) from None
 
 
 def read_template_text(path: str) -> str:
@@ -283,6 +294,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_STOP_STRING_BYTES,
         help="UTF-8 bytes a request's stop strings may hold together; more is INVALID_ARGUMENT (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--engine-token-file",
+        metavar="FILE",
+        help="serve only calls carrying this file's token (metadata x-dpgate-engine-token), as its gateway sends "
+        "them; grpc.health stays open. $DPGATE_ENGINE_TOKEN works too (default: no token, no lock)",
     )
     parser.add_argument(
         "--grammar-compile-timeout-s",

@@ -124,6 +124,7 @@ class ForwardedCall:
     __slots__ = (
         "_attempts_left",
         "_body",
+        "_body_timer",
         "_call",
         "_deadline",
         "_engine",
@@ -132,6 +133,7 @@ class ForwardedCall:
         "_headers",
         "_is_done",
         "_num_sent",
+        "_peer",
         "_rank",
         "_request",
         "_request_id",
@@ -169,7 +171,7 @@ class ForwardedCall:
         self._request_id = request_id
         self._request_id_field = request_id_field(request_id)
         self._start = time.perf_counter()
-        self._body = b""
+        self._body = bytearray()  # appended per DATA frame: bytes += bytes copied it all each time
         self._request = b""  # the request message, uncompressed (for the Abort fan-out)
         # The engine's response headers to relay (grpc-encoding, custom metadata): sent with the
         # first message or the status, so an attempt that fails before any message can be retried.
@@ -190,6 +192,11 @@ class ForwardedCall:
             self._deadline = loop.time() + headers.timeout
             self._timer = loop.call_at(self._deadline, self._deadline_passed)
         forwarder.num_in_flight += 1
+        self._peer = getattr(call.connection, "peer", "")
+        forwarder.in_flight_by_peer[self._peer] = forwarder.in_flight_by_peer.get(self._peer, 0) + 1
+        self._body_timer: asyncio.TimerHandle | None = None
+        if not end_stream:  # a headers-only stream must not hold its slot for ever
+            self._body_timer = loop.call_later(forwarder.config.request_body_timeout_s, self._body_late)
         forwarder.metrics.in_flight.inc()
         forwarder.calls.add(self)
         call.handler = self
@@ -209,12 +216,23 @@ class ForwardedCall:
         if end_stream:
             self._request_complete()
 
+    def _body_late(self) -> None:
+        self._body_timer = None
+        if not self._is_done:
+            timeout = self._forwarder.config.request_body_timeout_s
+            message = f"the request message did not arrive within {timeout:g} s (--request-body-timeout)"
+            self._finish(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+
     def _too_large(self, length: int) -> None:
         limit = self._forwarder.max_message_bytes
         message = f"request message of {length} bytes is larger than the gateway's limit of {limit} bytes"
         self._finish(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
     def _request_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        self._body = bytes(self._body)  # complete: one copy, then shared read-only with every attempt
         request = read_request(
             self._body, self._rpc, REQUEST_TYPES[self._rpc], self._headers.encoding, self._forwarder.max_message_bytes
         )
@@ -424,6 +442,14 @@ class ForwardedCall:
             self._timer = None
         forwarder = self._forwarder
         forwarder.num_in_flight -= 1
+        left = forwarder.in_flight_by_peer.get(self._peer, 1) - 1
+        if left:
+            forwarder.in_flight_by_peer[self._peer] = left
+        else:
+            forwarder.in_flight_by_peer.pop(self._peer, None)
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         forwarder.metrics.in_flight.dec()
         forwarder.calls.discard(self)
         forwarder.record(self._rpc, code, self._start)

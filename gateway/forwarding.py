@@ -103,6 +103,8 @@ class Forwarder:
         self.local_services: UpstreamLink | None = None  # set by the server once they listen
         self.is_refusing = False
         self.num_in_flight = 0
+        self.in_flight_by_peer: dict[str, int] = {}  # client address -> its calls in flight
+        self._peer_limit = config.peer_in_flight_limit
         self.calls: set[ForwardedCall] = set()
         self._rejected_metadata = metrics.rejected_metadata.labels(key=RANK_KEY)
         for rpc, _ in DPGATE_METHODS.values():  # at 0 from the start (see gateway/metrics.py)
@@ -139,6 +141,11 @@ class Forwarder:
             return
         if self.config.max_in_flight is not None and self.num_in_flight >= self.config.max_in_flight:
             self._refuse(call, path, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, self._full_message)
+            return
+        peer = getattr(call.connection, "peer", "")
+        if self._peer_limit is not None and self.in_flight_by_peer.get(peer, 0) >= self._peer_limit:
+            message = f"this client is at its limit of {self._peer_limit} calls in flight (--max-in-flight-per-peer)"
+            self._refuse(call, path, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
             return
         try:
             rank = parse_data_parallel_rank(headers.rank_fields)

@@ -138,9 +138,12 @@ class ClientConnection(Http2Connection):
         self._ping_outstanding = False
         self._header_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self.peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""  # the client's address
         config = self._config
         if len(self._connections) >= config.max_connections:
             logger.debug("refusing a client connection: %d are open", len(self._connections))

@@ -6,7 +6,8 @@ rank and the DP size on its command line and reports them back in the handshake;
 learns the topology from them like any other. Its health reports SERVING only once all N
 engines passed the handshake and serve (`GatewayConfig.ready_data_parallel_size`), so a client
 that waits for SERVING may pin any rank at once. SIGTERM drains the gateway first, then stops
-the engines.
+the engines. Each run makes a new engine token (dpgate/engine_token.py), handed to the engines
+through their environment and to the gateway in its config: the engines' ports serve only it.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import subprocess
 import sys
 
 from dpgate.config_file import attribute
+from dpgate.engine_token import ENGINE_TOKEN_ENV, new_engine_token
 from dpgate.host import usable_cores
 from dpgate.logs import add_log_format_argument, configure_logging
 from gateway.config import ConfigError, GatewayConfig, api_keys_from_environment, validate_config
@@ -171,7 +174,13 @@ def check_engine_metrics_ports(args: argparse.Namespace) -> None:
             raise ConfigError(f"--engine-metrics-port {base}: the engines' ports {base}..{last} include {flag} {port}.")
 
 
-def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
+def engine_environment(token: str) -> dict[str, str]:
+    """The engines' environment: this process's, plus the run's engine token (never on a command
+    line, which any local user can read)."""
+    return {**os.environ, ENGINE_TOKEN_ENV: token}
+
+
+def gateway_config(args: argparse.Namespace, ports: list[int], engine_token: str | None = None) -> GatewayConfig:
     """The validated config of the gateway in front of engines on `ports`; raises ConfigError."""
     return validate_config(
         GatewayConfig(
@@ -180,6 +189,7 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
             port=args.port,
             metrics_port=args.metrics_port,
             api_keys=tuple(args.api_key) + api_keys_from_environment(),
+            engine_token=engine_token,
             log_format=args.log_format,
             access_log=args.access_log,
             **limits_from_args(args),
@@ -198,9 +208,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"dpgate serve: error: {message}", file=sys.stderr)
         return 2
     ports = [free_local_port() for _ in range(args.data_parallel_size)]
+    # A new token each run: the engines serve only this gateway (dpgate/engine_token.py).
+    engine_token = new_engine_token()
     try:
         check_engine_metrics_ports(args)
-        config = gateway_config(args, ports)
+        config = gateway_config(args, ports, engine_token)
     except ConfigError as error:
         print(f"dpgate serve: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
@@ -212,7 +224,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"dpgate serve: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
     configure_logging(config.log_format)
-    processes = [subprocess.Popen(engine_command(args, rank, port)) for rank, port in enumerate(ports)]
+    environment = engine_environment(engine_token)
+    processes = [subprocess.Popen(engine_command(args, rank, port), env=environment) for rank, port in enumerate(ports)]
     import uvloop
 
     try:

@@ -30,6 +30,7 @@ from engines.kernels.cpu import cpu_info
 from engines.model.numerics import Numerics, NumericsError, choose_numerics
 from engines.model.source import resolve_model
 from engines.serving.async_engine import AsyncEngine
+from engines.serving.engine_lock import EngineLock
 from engines.serving.metrics import EngineMetrics
 from engines.serving.request_builder import ModelLimits, max_prompt_chars
 from engines.serving.servicers import INTERNAL_MESSAGE, ControlServicer, InferenceServicer, invalid_body_counter
@@ -62,7 +63,16 @@ async def serve(config: EngineConfig) -> int:
     started = time.monotonic()
     source = resolve_model(config.model, config.served_model_name)
     metrics = EngineMetrics()
-    server = grpc.aio.server(interceptors=(ServicerGuard(INTERNAL_MESSAGE, invalid_body_counter(metrics)),))
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if config.engine_token is not None:
+        interceptors.append(EngineLock(config.engine_token))
+    else:
+        logger.warning(
+            "no engine token (--engine-token-file or $DPGATE_ENGINE_TOKEN): anyone who can reach this port "
+            "can call the engine directly, bypassing the gateway's keys and limits"
+        )
+    interceptors.append(ServicerGuard(INTERNAL_MESSAGE, invalid_body_counter(metrics)))
+    server = grpc.aio.server(interceptors=tuple(interceptors))
     address = f"{config.host}:{config.port}"
     try:
         server.add_insecure_port(address)
