@@ -80,6 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--reasoning-parser", help="engines' reasoning parser: think or none (default: by the model)")
     add("--reasoning-markers", metavar="START,END", help="engines' reasoning markers (default: <think>,</think>)")
     add("--tool-call-parser", help="engines' tool-call parser: hermes or none (default: by the model)")
+    add(
+        "--grammar-compile-timeout-s",
+        type=float,
+        help="engines' budget for one grammar, seconds (default: the engine's)",
+    )
     add_log_format_argument(parser, deprecated_json_flag=True)  # the gateway's and every engine's
     add_limit_arguments(parser)
 
@@ -110,10 +115,11 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
     ]  # fmt: skip
     if args.allow_oversubscribe:
         command.append("--allow-oversubscribe")
-    for flag in ("--chat-template", "--reasoning-parser", "--reasoning-markers", "--tool-call-parser"):
+    for flag in ("--chat-template", "--reasoning-parser", "--reasoning-markers", "--tool-call-parser",
+                 "--grammar-compile-timeout-s"):  # fmt: skip
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
-            command += [flag, value]
+            command += [flag, str(value)]
     if args.engine_metrics_port is not None:
         command += ["--metrics-port", str(args.engine_metrics_port + rank)]
     # Engines on one host share its cores: oversubscribed torch threads spin against each other.

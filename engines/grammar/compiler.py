@@ -84,6 +84,17 @@ class XgrammarBackend:
     def size_of(compiled: Any) -> int:
         return int(compiled.memory_size_bytes)
 
+    def start_children(self) -> None:
+        """Start every child now (each imports xgrammar: 2-20 s on a busy machine), taking each
+        from the pool so none is started twice or while in use."""
+        taken = [self._processes.get() for _ in self._all]
+        try:
+            for process in taken:
+                process.ensure_started()
+        finally:
+            for process in taken:
+                self._processes.put(process)
+
     def shutdown(self) -> None:
         for process in self._all:
             process.kill()
@@ -215,6 +226,13 @@ class GrammarCompiler:
     def prepare(self) -> None:
         """Build the backend now rather than on the first grammar (start-up, benchmarks)."""
         self._ensure_backend()
+
+    def warm_up(self) -> None:
+        """The backend and its child processes, started before the first grammar asks (the engine
+        runs this on a thread at start-up), so no request waits for them."""
+        backend = self._ensure_backend()
+        if hasattr(backend, "start_children"):
+            backend.start_children()
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

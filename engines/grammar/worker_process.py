@@ -66,7 +66,7 @@ class GrammarProcess:
     ) -> Any:
         """`function(*args)` in the child. Raises the child's InvalidRequestError, or
         GrammarBudgetExceeded / GrammarWorkCancelled (the child is killed), or GrammarWorkerFailed."""
-        process = self._ensure_started()
+        process = self.ensure_started()
         deadline = time.monotonic() + budget_s
         try:
             _write(process.stdin, (function, args))
@@ -100,7 +100,7 @@ class GrammarProcess:
                 with contextlib.suppress(OSError):  # a pipe to a killed child may fail to flush
                     pipe.close()
 
-    def _ensure_started(self) -> subprocess.Popen:
+    def ensure_started(self) -> subprocess.Popen:
         if self._process is not None and self._process.poll() is None:
             return self._process
         self.kill()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 import time
 
 import grpc
@@ -59,6 +60,13 @@ def numerics_for(config: EngineConfig) -> Numerics:
         raise ConfigError(str(error)) from error
 
 
+def _warm_up_grammars(grammars: GrammarCompiler) -> None:
+    try:
+        grammars.warm_up()
+    except Exception:  # the first grammar will try again, and report what fails then
+        logger.exception("starting the grammar compiler failed")
+
+
 async def serve(config: EngineConfig) -> int:
     started = time.monotonic()
     source = resolve_model(config.model, config.served_model_name)
@@ -100,6 +108,8 @@ async def serve(config: EngineConfig) -> int:
         tokenizer.eos_token_ids,
         budget_s=config.grammar_compile_timeout_s,
     )
+    # Off the loop and the engine thread: the first grammar must not wait for xgrammar to load.
+    threading.Thread(target=_warm_up_grammars, args=(grammars,), name="dpgate-grammar-warm-up", daemon=True).start()
     engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop(), grammars)
     freeze_startup_heap()
     metrics.watch(engine)

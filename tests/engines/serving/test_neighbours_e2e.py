@@ -1,9 +1,12 @@
-"""One client cannot hurt another on an engine (issue 22), over real gRPC: while a background
+"""One client cannot hurt another (issue 22), over real gRPC, on an engine alone and through
+`dpgate serve` (gateway + engine, token-locked): while a background
 client sends a small Generate every 0.1 s and probes health every 0.05 s, an adversarial client
 sends poison sampling parameters, a prompt of millions of characters, a JSON schema nested 400
 deep, NaN in chat_template_kwargs, 100,000 stop strings and request ids reused right after a
 cancel. Each attack is refused with its own code (never INTERNAL) or gets only its own output;
-the background client sees no failure and no stall, and health never leaves SERVING.
+the background client sees no failure and no stall, and health never leaves SERVING; through
+the gateway, the engine's circuit breaker never leaves closed and the gateway never marks the
+engine unhealthy (the poisons are the client's fault, never the engine's).
 
 The figures (time to refuse each attack, the background's p99 during each) are printed with -s.
 """
@@ -15,6 +18,8 @@ import os
 import statistics
 import threading
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import grpc
 import pytest
@@ -22,9 +27,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpgate.v1 import generate_pb2 as pb
 from dpgate.v1 import generate_pb2_grpc
+from tests.gateway.processes import scrape
 from tests.support.processes import free_port, running
 
 BACKGROUND_P99_BOUND_S = 3.0  # generous: a busy 2-core CI machine; the stall before was 7-44 s
+
+
+def children_rss_mb(pid: int) -> float:
+    """The engine's child processes (its grammar workers), together."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            total += rss_mb(int(child))
+    return total
 
 
 def rss_mb(pid: int) -> float:
@@ -38,7 +53,8 @@ def rss_mb(pid: int) -> float:
 class Background:
     """A neighbour: small calls and health probes, timed, on threads of its own."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, metrics_port: int | None = None):
+        self.metrics_port = metrics_port
         self.channel = grpc.insecure_channel(address)
         self.inference = generate_pb2_grpc.InferenceServiceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
@@ -81,19 +97,51 @@ class Background:
                     self.failures.append(f"health: {status}")
             except grpc.RpcError as error:
                 self.failures.append(f"health: {error.code().name}")
+            if self.metrics_port is not None:
+                self._check_gateway_view()
             self.stop.wait(0.05)
+
+    def _check_gateway_view(self) -> None:
+        """The gateway's view of its engine: healthy, circuit closed (0), at every probe."""
+        for name, value in scrape(self.metrics_port).items():
+            if name.startswith("dpgate_gateway_circuit_state{") and value != 0:
+                self.failures.append(f"breaker: {name} = {value}")
+            if name.startswith("dpgate_gateway_engine_healthy{") and value != 1:
+                self.failures.append(f"engine health: {name} = {value}")
 
     def p99_since(self, since: float) -> float:
         window = sorted(seconds for at, seconds in self.latencies if at >= since)
         return window[min(len(window) - 1, int(0.99 * len(window)))] if window else 0.0
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
+@dataclass
+class Target:
+    address: str
+    engine_pid: int  # whose RSS is measured
+    metrics_port: int | None = None  # the gateway's, when the calls go through one
+
+
+def engine_pid_of(serve_pid: int) -> int:
+    for task in Path(f"/proc/{serve_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"engine" in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+                return int(child)
+    raise AssertionError("dpgate serve started no engine")
+
+
+@pytest.fixture(scope="module", params=["engine", "gateway"])
+def target(request, tiny_model_dir):
     port = free_port()
-    flags = ["engine", "--port", str(port), "--model", str(tiny_model_dir), "--grammar-compile-timeout-s", "2"]
-    with running(flags, port, timeout=180) as proc:
-        yield proc
+    budget = ["--grammar-compile-timeout-s", "2"]
+    if request.param == "engine":
+        flags = ["engine", "--port", str(port), "--model", str(tiny_model_dir), *budget]
+        with running(flags, port, timeout=180) as proc:
+            yield Target(proc.address, proc.process.pid)
+    else:
+        metrics_port = free_port()
+        flags = ["serve", "--port", str(port), "--model", str(tiny_model_dir), "--metrics-port", str(metrics_port)]
+        with running([*flags, *budget], port, timeout=240) as proc:
+            yield Target(proc.address, engine_pid_of(proc.process.pid), metrics_port)
 
 
 def nested_schema_text(depth: int) -> str:
@@ -162,9 +210,12 @@ def poison_attacks(inference) -> dict[str, tuple[grpc.StatusCode, str]]:
     }
 
 
-def test_attacks_are_refused_and_the_neighbour_never_notices(engine):
-    pid = engine.process.pid
-    with grpc.insecure_channel(engine.address) as channel, Background(engine.address) as background:
+def test_attacks_are_refused_and_the_neighbour_never_notices(target):
+    pid = target.engine_pid
+    with (
+        grpc.insecure_channel(target.address) as channel,
+        Background(target.address, target.metrics_port) as background,
+    ):
         inference = generate_pb2_grpc.InferenceServiceStub(channel)
         time.sleep(1.0)
         rss_before = rss_mb(pid)
@@ -186,12 +237,15 @@ def test_attacks_are_refused_and_the_neighbour_never_notices(engine):
         )
         time.sleep(1.0)
         rss_after = rss_mb(pid)
+        grammar_workers_mb = children_rss_mb(pid)
+    print(f"\n-- through the {'gateway' if target.metrics_port else 'engine alone'}")
     for name, elapsed, p99 in figures:
         print(f"{name}: answered in {elapsed * 1000:.0f} ms; background p99 {p99 * 1000:.0f} ms")
     latencies = [seconds for _, seconds in background.latencies]
     print(
         f"background: {len(latencies)} calls, {len(background.failures)} failures, "
-        f"median {statistics.median(latencies) * 1000:.0f} ms; engine RSS {rss_before:.0f} -> {rss_after:.0f} MB"
+        f"median {statistics.median(latencies) * 1000:.0f} ms; engine RSS {rss_before:.0f} -> {rss_after:.0f} MB "
+        f"(+ its grammar worker processes {grammar_workers_mb:.0f} MB)"
     )
     assert reused_ok == 8
     assert background.failures == []
