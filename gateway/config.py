@@ -95,6 +95,7 @@ class GatewayConfig:
     max_concurrent_streams: int = 1000
     max_header_list_size: int = 16 * 1024
     max_connections: int = 4096
+    max_connections_per_peer: int = 1024
     header_timeout_s: float = 10.0
     idle_timeout_s: float = 300.0
     hpack_table_size: int = 4096
@@ -311,6 +312,7 @@ def _check_http2_limits(config: GatewayConfig) -> None:
     if not 0 <= config.hpack_table_size <= HPACK_TABLE_SIZE_LIMIT:
         raise ConfigError(f"--hpack-table-size {config.hpack_table_size} must be in 0..{HPACK_TABLE_SIZE_LIMIT}.")
     _check_at_least_one(config.max_connections, "--max-connections")
+    _check_at_least_one(config.max_connections_per_peer, "--max-connections-per-peer")
     _check_at_least_one(config.max_continuation_frames, "--max-continuation-frames")
     _check_at_least_one(config.max_resets_per_second, "--max-resets-per-second")
     _check_positive(config.header_timeout_s, "--header-timeout")

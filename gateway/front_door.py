@@ -149,6 +149,12 @@ class ClientConnection(Http2Connection):
             logger.debug("refusing a client connection: %d are open", len(self._connections))
             self.close(f.ENHANCE_YOUR_CALM, b"too_many_connections")
             return
+        # One address may not take every connection (idle ones re-opened as the header timeout
+        # closes them filled --max-connections and locked new clients out, issue 22).
+        if sum(1 for other in self._connections if other.peer == self.peer) >= config.max_connections_per_peer:
+            logger.debug("refusing a client connection: %s has %d open", self.peer, config.max_connections_per_peer)
+            self.close(f.ENHANCE_YOUR_CALM, b"too_many_connections_from_peer")
+            return
         self._connections.add(self)
         call_later = self._loop.call_later
         self._keepalive = call_later(config.keepalive_time_s, self._keepalive_tick)

@@ -94,6 +94,8 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-header-list-size", type=int, default=d.max_header_list_size,
         help="SETTINGS_MAX_HEADER_LIST_SIZE: largest request header list, bytes (RFC 9113 counting)")
     add("--max-connections", type=int, default=d.max_connections, help="most client connections open at once")
+    add("--max-connections-per-peer", type=int, default=d.max_connections_per_peer,
+        help="most client connections one address may have open at once")
     add("--header-timeout", type=float, default=d.header_timeout_s,
         help="seconds a new connection has for its preface and first request; any header block for all its frames")
     add("--idle-timeout", type=float, default=d.idle_timeout_s,
@@ -112,6 +114,7 @@ def limits_from_args(args: argparse.Namespace) -> dict[str, int | float]:
         "max_concurrent_streams": args.max_concurrent_streams,
         "max_header_list_size": args.max_header_list_size,
         "max_connections": args.max_connections,
+        "max_connections_per_peer": args.max_connections_per_peer,
         "header_timeout_s": args.header_timeout,
         "idle_timeout_s": args.idle_timeout,
         "hpack_table_size": args.hpack_table_size,
