@@ -129,7 +129,12 @@ def engine_pid_of(serve_pid: int) -> int:
     raise AssertionError("dpgate serve started no engine")
 
 
-@pytest.fixture(scope="module", params=["engine", "gateway"])
+# Through the gateway only by default (it covers the engine too, plus the breaker and the engine
+# lock); DPGATE_NEIGHBOURS_ENGINE_ALONE=1 adds the engine alone, for its own figures.
+TARGETS = ["gateway", "engine"] if os.environ.get("DPGATE_NEIGHBOURS_ENGINE_ALONE") else ["gateway"]
+
+
+@pytest.fixture(scope="module", params=TARGETS)
 def target(request, tiny_model_dir):
     port = free_port()
     budget = ["--grammar-compile-timeout-s", "2"]
