@@ -108,8 +108,6 @@ async def serve(config: EngineConfig) -> int:
         tokenizer.eos_token_ids,
         budget_s=config.grammar_compile_timeout_s,
     )
-    # Off the loop and the engine thread: the first grammar must not wait for xgrammar to load.
-    threading.Thread(target=_warm_up_grammars, args=(grammars,), name="dpgate-grammar-warm-up", daemon=True).start()
     engine = AsyncEngine(LLMEngine(runner, config.scheduler_config), asyncio.get_running_loop(), grammars)
     freeze_startup_heap()
     metrics.watch(engine)
@@ -178,6 +176,9 @@ async def serve(config: EngineConfig) -> int:
     await server.start()
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    # Once serving (start-up stays as fast as before), off the loop and the engine thread: the
+    # grammar workers start, so the first grammar does not wait for xgrammar to load.
+    threading.Thread(target=_warm_up_grammars, args=(grammars,), name="dpgate-grammar-warm-up", daemon=True).start()
     logger.info(
         "engine rank %d/%d serving %s on %s (%s, %s weights, max_model_len %d, %d KV blocks of %d) after %.1f s",
         config.data_parallel_rank,
