@@ -119,6 +119,7 @@ class Target:
     address: str
     engine_pid: int  # whose RSS is measured
     metrics_port: int | None = None  # the gateway's, when the calls go through one
+    gateway_pid: int | None = None  # `dpgate serve` runs its gateway in its own process
 
 
 def engine_pid_of(serve_pid: int) -> int:
@@ -146,7 +147,7 @@ def target(request, tiny_model_dir):
         metrics_port = free_port()
         flags = ["serve", "--port", str(port), "--model", str(tiny_model_dir), "--metrics-port", str(metrics_port)]
         with running([*flags, *budget], port, timeout=240) as proc:
-            yield Target(proc.address, engine_pid_of(proc.process.pid), metrics_port)
+            yield Target(proc.address, engine_pid_of(proc.process.pid), metrics_port, proc.process.pid)
 
 
 def nested_schema_text(depth: int) -> str:
@@ -224,6 +225,7 @@ def test_attacks_are_refused_and_the_neighbour_never_notices(target):
         inference = generate_pb2_grpc.InferenceServiceStub(channel)
         time.sleep(1.0)
         rss_before = rss_mb(pid)
+        gateway_before = rss_mb(target.gateway_pid) if target.gateway_pid else 0.0
         figures = []
         for name, (attack, (code, said)) in poison_attacks(inference).items():
             started = time.monotonic()
@@ -243,6 +245,7 @@ def test_attacks_are_refused_and_the_neighbour_never_notices(target):
         time.sleep(1.0)
         rss_after = rss_mb(pid)
         grammar_workers_mb = children_rss_mb(pid)
+        gateway_after = rss_mb(target.gateway_pid) if target.gateway_pid else 0.0
     print(f"\n-- through the {'gateway' if target.metrics_port else 'engine alone'}")
     for name, elapsed, p99 in figures:
         print(f"{name}: answered in {elapsed * 1000:.0f} ms; background p99 {p99 * 1000:.0f} ms")
@@ -250,12 +253,14 @@ def test_attacks_are_refused_and_the_neighbour_never_notices(target):
     print(
         f"background: {len(latencies)} calls, {len(background.failures)} failures, "
         f"median {statistics.median(latencies) * 1000:.0f} ms; engine RSS {rss_before:.0f} -> {rss_after:.0f} MB "
-        f"(+ its grammar worker processes {grammar_workers_mb:.0f} MB)"
+        f"(+ its grammar worker processes {grammar_workers_mb:.0f} MB); gateway RSS {gateway_before:.0f} -> "
+        f"{gateway_after:.0f} MB"
     )
     assert reused_ok == 8
     assert background.failures == []
     assert max(p99 for _, _, p99 in figures) < BACKGROUND_P99_BOUND_S, figures
     assert rss_after < rss_before + 300, (rss_before, rss_after)
+    assert gateway_after < gateway_before + 100, (gateway_before, gateway_after)
 
 
 def reuse_ids_after_cancel(inference, trials: int) -> int:
