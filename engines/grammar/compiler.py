@@ -53,7 +53,13 @@ class XgrammarBackend:
     """xgrammar's compiler over the model's vocabulary (special tokens as empty strings), run in
     one child process per compile thread; compiled grammars come back serialized."""
 
-    def __init__(self, vocab: list[str], tokenizer: Any, eos_token_ids: frozenset[int], budget_s: float):
+    def __init__(
+        self,
+        vocab: list[str],
+        tokenizer: Any,
+        eos_token_ids: frozenset[int],
+        budget_s: float = DEFAULT_COMPILE_BUDGET_S,
+    ):
         import xgrammar as xgr
 
         self._xgr = xgr
