@@ -74,11 +74,6 @@ async def serve(config: EngineConfig) -> int:
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if config.engine_token is not None:
         interceptors.append(EngineLock(config.engine_token))
-    else:
-        logger.warning(
-            "no engine token (--engine-token-file or $DPGATE_ENGINE_TOKEN): anyone who can reach this port "
-            "can call the engine directly, bypassing the gateway's keys and limits"
-        )
     interceptors.append(ServicerGuard(INTERNAL_MESSAGE, invalid_body_counter(metrics)))
     server = grpc.aio.server(interceptors=tuple(interceptors))
     address = f"{config.host}:{config.port}"
@@ -179,6 +174,11 @@ async def serve(config: EngineConfig) -> int:
     # Once serving (start-up stays as fast as before), off the loop and the engine thread: the
     # grammar workers start, so the first grammar does not wait for xgrammar to load.
     threading.Thread(target=_warm_up_grammars, args=(grammars,), name="dpgate-grammar-warm-up", daemon=True).start()
+    if config.engine_token is None:  # said once serving, so a refused flag still prints one sentence
+        logger.warning(
+            "no engine token (--engine-token-file or $DPGATE_ENGINE_TOKEN): anyone who can reach this port "
+            "can call the engine directly, bypassing the gateway's keys and limits"
+        )
     logger.info(
         "engine rank %d/%d serving %s on %s (%s, %s weights, max_model_len %d, %d KV blocks of %d) after %.1f s",
         config.data_parallel_rank,
