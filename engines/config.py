@@ -8,13 +8,16 @@ from __future__ import annotations
 import argparse
 import re
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from dpgate.engine_token import EngineTokenError, read_engine_token
 from dpgate.host import usable_cores
 from dpgate.logs import LOG_FORMATS, add_log_format_argument
+from engines.grammar.limits import DEFAULT_COMPILE_BUDGET_S
 from engines.model.numerics import AUTO_DTYPE
 from engines.model.source import DEFAULT_MODEL
 from engines.parallel.plan import ParallelConfigError, ParallelPlan
+from engines.sampling.params import DEFAULT_MAX_STOP_STRING_BYTES, DEFAULT_MAX_STOP_STRINGS
 from engines.scheduling.scheduler import SchedulerConfig
 
 # Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
@@ -46,6 +49,9 @@ class EngineConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
+    max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
+    max_stop_string_bytes: int = DEFAULT_MAX_STOP_STRING_BYTES
+    grammar_compile_timeout_s: float = DEFAULT_COMPILE_BUDGET_S
     num_threads: int | None = None
     quantization: str = "int8"
     batch_invariant: bool = True
@@ -60,6 +66,8 @@ class EngineConfig:
     reasoning_parser: str | None = None  # None: the model's default (engines/chat/markers.py)
     tool_call_parser: str | None = None
     reasoning_markers: str | None = None  # "START,END"
+    # dpgate/engine_token.py: with a token, calls other than health must carry it. Out of repr.
+    engine_token: str | None = field(default=None, repr=False)
 
     @property
     def parallel_plan(self) -> ParallelPlan:
@@ -110,6 +118,12 @@ class EngineConfig:
             raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
         if self.max_waiting < 0:
             raise ConfigError(f"--max-waiting {self.max_waiting} must be >= 0")
+        if self.max_stop_strings < 0:
+            raise ConfigError(f"--max-stop-strings {self.max_stop_strings} must be >= 0")
+        if not self.grammar_compile_timeout_s > 0:
+            raise ConfigError(f"--grammar-compile-timeout-s {self.grammar_compile_timeout_s} must be > 0")
+        if self.max_stop_string_bytes < 0:
+            raise ConfigError(f"--max-stop-string-bytes {self.max_stop_string_bytes} must be >= 0")
         try:
             cores = self.num_threads or usable_cores()
             self.parallel_plan.check_flags(self.block_size, cores, self.allow_oversubscribe)
@@ -161,6 +175,9 @@ class EngineConfig:
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_waiting=args.max_waiting,
+            max_stop_strings=args.max_stop_strings,
+            max_stop_string_bytes=args.max_stop_string_bytes,
+            grammar_compile_timeout_s=args.grammar_compile_timeout_s,
             num_threads=args.num_threads,
             quantization=args.quantization,
             batch_invariant=args.batch_invariant,
@@ -175,7 +192,15 @@ class EngineConfig:
             reasoning_parser=args.reasoning_parser,
             tool_call_parser=args.tool_call_parser,
             reasoning_markers=args.reasoning_markers,
+            engine_token=_engine_token(args),
         )
+
+
+def _engine_token(args: argparse.Namespace) -> str | None:
+    try:
+        return read_engine_token(getattr(args, "engine_token_file", None))
+    except EngineTokenError as error:
+        raise ConfigError(str(error)) from None
 
 
 def read_template_text(path: str) -> str:
@@ -259,6 +284,31 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=256,
         help="queued requests before new ones get RESOURCE_EXHAUSTED (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-stop-strings",
+        type=int,
+        default=DEFAULT_MAX_STOP_STRINGS,
+        help="stop strings one request may give; more is INVALID_ARGUMENT (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-stop-string-bytes",
+        type=int,
+        default=DEFAULT_MAX_STOP_STRING_BYTES,
+        help="UTF-8 bytes a request's stop strings may hold together; more is INVALID_ARGUMENT (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--engine-token-file",
+        metavar="FILE",
+        help="serve only calls carrying this file's token (metadata x-dpgate-engine-token), as its gateway sends "
+        "them; grpc.health stays open. $DPGATE_ENGINE_TOKEN works too (default: no token, no lock)",
+    )
+    parser.add_argument(
+        "--grammar-compile-timeout-s",
+        type=float,
+        default=DEFAULT_COMPILE_BUDGET_S,
+        help="seconds one grammar (structured output, or a tool-call grammar) may take to build; it runs in "
+        "a child process that is stopped then, and the request gets INVALID_ARGUMENT (default: %(default)s)",
     )
     parser.add_argument(
         "--quantization",

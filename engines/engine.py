@@ -15,6 +15,7 @@ from engines.grammar.bitmask import FilledMasks, MaskBuffers, MaskedRows, apply_
 from engines.kv.block_manager import BlockManager
 from engines.kv.prefix_hash import root_hash
 from engines.runner.model_runner import ChunkInput, ModelRunner
+from engines.sampling.params import UnsampleableRowError
 from engines.sampling.sampler import greedy_tokens, is_plain_greedy, request_generator, sample
 from engines.sampling.tokens import SampledToken
 from engines.scheduling.scheduler import Scheduler, SchedulerConfig
@@ -72,9 +73,10 @@ class LLMEngine:
         """Queue a sequence; raises QueueFullError or RequestTooLargeError (both RESOURCE_EXHAUSTED)."""
         self.scheduler.add(seq)
 
-    def abort(self, request_id: str) -> StepOutput | None:
-        """End a waiting or running request and free its blocks; None when it is not here."""
-        seq = self.scheduler.abort(request_id)
+    def abort(self, handle: int) -> StepOutput | None:
+        """End a waiting or running request (by Sequence.handle) and free its blocks; None when it
+        is not here."""
+        seq = self.scheduler.abort(handle)
         return seq.abort() if seq is not None else None
 
     def step(self) -> list[StepOutput]:
@@ -117,7 +119,8 @@ class LLMEngine:
         self, seqs: list[Sequence], logits: torch.Tensor, masks: FilledMasks | None, stats: StepStats
     ) -> list[StepOutput]:
         """Row i of `logits` is seqs[i]'s next token. Constrained rows are masked first, all at once;
-        a row its grammar leaves empty ends that request with an error and is not sampled. Plain
+        a row its grammar leaves empty, or whose parameters leave no distribution, ends that request
+        with an error (the client's) and the rest of the batch goes on. Plain
         greedy rows take their argmax together (one op, one host copy), masked or not; the others
         `sample`."""
         masked = self._apply_grammar_masks(logits, masks)
@@ -137,17 +140,21 @@ class LLMEngine:
                     row_logits, raw = logits[row], None
                 if seq.generator is None:
                     seq.generator = request_generator(seq.sampling)
-                sampled = sample(
-                    row_logits,
-                    seq.sampling,
-                    seq.generator,
-                    seq.prompt_ids,
-                    seq.output_ids,
-                    seq.blocked_token_ids,
-                    raw_logits=raw,
-                )
-                outputs.append(seq.append(sampled))
-                stats.num_generated_tokens += 1
+                try:
+                    sampled = sample(
+                        row_logits,
+                        seq.sampling,
+                        seq.generator,
+                        seq.prompt_ids,
+                        seq.output_ids,
+                        seq.blocked_token_ids,
+                        raw_logits=raw,
+                    )
+                except UnsampleableRowError as error:  # this row's own parameters: only it ends
+                    outputs.append(seq.fail(error))
+                else:
+                    outputs.append(seq.append(sampled))
+                    stats.num_generated_tokens += 1
             if seq.is_finished:
                 self.scheduler.finish(seq)
         return outputs

@@ -49,7 +49,10 @@ class GatewayConfig:
     `port` 0 asks the OS for a free port (the gateway logs the one it bound). `metrics_port` None
     disables the metrics endpoint. `api_keys` empty disables authentication. `tls_key_password`
     decrypts an encrypted `tls_key_file` (None: the key must be unencrypted). `max_in_flight` None
-    means no gateway-wide limit on concurrent calls.
+    means no gateway-wide limit on concurrent calls. `max_in_flight_per_peer` bounds the calls one
+    client address may have in flight (None: half of `max_in_flight` when that is set, else no
+    bound), so one client cannot take every slot; `request_body_timeout_s` is how long a call's
+    request message may take to arrive after its headers (a headers-only stream holds a slot).
 
     The front door's HTTP/2 limits (docs/gateway.md, "Limits"): `max_concurrent_streams` and
     `max_header_list_size` are advertised in SETTINGS and enforced; `max_connections` caps open
@@ -88,12 +91,17 @@ class GatewayConfig:
     tls_client_ca_file: str | None = None
     max_message_bytes: int = 4 * 1024 * 1024
     max_in_flight: int | None = None
+    # dpgate/engine_token.py: sent on every call to the engines, which refuse calls without it.
+    engine_token: str | None = field(default=None, repr=False)
+    max_in_flight_per_peer: int | None = None
+    request_body_timeout_s: float = 30.0
     keepalive_time_s: float = 30.0
     keepalive_timeout_s: float = 20.0
     min_client_ping_interval_s: float = 5.0
     max_concurrent_streams: int = 1000
     max_header_list_size: int = 16 * 1024
     max_connections: int = 4096
+    max_connections_per_peer: int = 1024
     header_timeout_s: float = 10.0
     idle_timeout_s: float = 300.0
     hpack_table_size: int = 4096
@@ -128,6 +136,13 @@ class GatewayConfig:
     @property
     def is_tls(self) -> bool:
         return self.tls_cert_file is not None
+
+    @property
+    def peer_in_flight_limit(self) -> int | None:
+        """Calls one client address may have in flight: the flag, else half the gateway's limit."""
+        if self.max_in_flight_per_peer is not None:
+            return self.max_in_flight_per_peer
+        return max(1, self.max_in_flight // 2) if self.max_in_flight is not None else None
 
 
 def parse_address(text: str, flag: str, example: str = "HOST:PORT, such as 127.0.0.1:50061") -> tuple[str, int]:
@@ -291,6 +306,9 @@ def _check_limits(config: GatewayConfig) -> None:
         raise ConfigError(f"--max-message-bytes {config.max_message_bytes} must be in 1..{MAX_MESSAGE_BYTES_LIMIT}.")
     if config.max_in_flight is not None:
         _check_at_least_one(config.max_in_flight, "--max-in-flight")
+    if config.max_in_flight_per_peer is not None:
+        _check_at_least_one(config.max_in_flight_per_peer, "--max-in-flight-per-peer")
+    _check_positive(config.request_body_timeout_s, "--request-body-timeout")
     if config.policy not in POLICIES:
         raise ConfigError(f"--policy {config.policy!r} must be one of {sorted(POLICIES)}.")
     for flag, value in (
@@ -320,6 +338,7 @@ def _check_http2_limits(config: GatewayConfig) -> None:
     if not 0 <= config.hpack_table_size <= HPACK_TABLE_SIZE_LIMIT:
         raise ConfigError(f"--hpack-table-size {config.hpack_table_size} must be in 0..{HPACK_TABLE_SIZE_LIMIT}.")
     _check_at_least_one(config.max_connections, "--max-connections")
+    _check_at_least_one(config.max_connections_per_peer, "--max-connections-per-peer")
     _check_at_least_one(config.max_continuation_frames, "--max-continuation-frames")
     _check_at_least_one(config.max_resets_per_second, "--max-resets-per-second")
     _check_positive(config.header_timeout_s, "--header-timeout")

@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpgate.v1 import control_pb2
 from gateway.config import GatewayConfig
+from gateway.engine_token_metadata import engine_token_interceptors
 from gateway.handshake import EngineIdentity, Refusal
 from gateway.health_state import CircuitBreaker, HealthState
 from gateway.metadata import RANK_KEY
@@ -58,8 +59,10 @@ class EngineClient:
     def __init__(self, address: str, config: GatewayConfig) -> None:
         self.address = address
         host, _, port = address.rpartition(":")
-        self.link = UpstreamLink(host, int(port))  # the data path: HTTP/2 relayed by the gateway itself
+        # the data path: HTTP/2 relayed by the gateway itself
+        self.link = UpstreamLink(host, int(port), config.engine_token)
         self._options = engine_channel_options(config)
+        self._interceptors = engine_token_interceptors(config.engine_token)
         self._connect()
         self.identity: EngineIdentity | None = None
         self.refusal: Refusal | None = None
@@ -78,7 +81,7 @@ class EngineClient:
         self._closing: set[asyncio.Task] = set()
 
     def _connect(self) -> None:
-        channel = aio.insecure_channel(self.address, options=self._options)
+        channel = aio.insecure_channel(self.address, options=self._options, interceptors=self._interceptors)
         self.channel = channel
         self.abort = channel.unary_unary(f"/{CONTROL_SERVICE}/Abort", _registered_method=True)
         self._get_server_info = channel.unary_unary(

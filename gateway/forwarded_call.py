@@ -92,12 +92,30 @@ def engine_failure(engine: EngineClient, code: grpc.StatusCode, details: str, nu
     return EngineFailed(code.name, details or code.name)
 
 
+def merge_abort_results(engines: list[EngineClient], results: list[bytes | BaseException]) -> list[str]:
+    """The request ids every engine aborted; raises the first engine's failure as GatewayError.
+    An Abort cancelled because its engine's channel closed under it (the health watcher drops an
+    engine it cannot reach) is that engine being unavailable: CancelledError is a BaseException,
+    and letting it escape left the client's call hanging (issue 22)."""
+    aborted: list[str] = []
+    for engine, result in zip(engines, results, strict=True):
+        if isinstance(result, grpc.aio.AioRpcError):
+            raise engine_failure(engine, result.code(), result.details() or "", 0)
+        if isinstance(result, asyncio.CancelledError):
+            raise engine_failure(engine, grpc.StatusCode.UNAVAILABLE, "", 0)
+        if isinstance(result, BaseException):
+            raise EngineFailed("INTERNAL", f"data parallel rank {engine.rank} failed to answer Abort")
+        aborted.extend(control_pb2.AbortResponse.FromString(result).aborted_request_ids)
+    return aborted
+
+
 class ForwardedCall:
     """One dpgate.v1 call relayed to one engine (see the module docstring)."""
 
     __slots__ = (
         "_attempts_left",
         "_body",
+        "_body_timer",
         "_call",
         "_deadline",
         "_engine",
@@ -106,6 +124,7 @@ class ForwardedCall:
         "_headers",
         "_is_done",
         "_num_sent",
+        "_peer",
         "_pending_prefill",
         "_prompt",
         "_rank",
@@ -145,7 +164,7 @@ class ForwardedCall:
         self._request_id = request_id
         self._request_id_field = request_id_field(request_id)
         self._start = time.perf_counter()
-        self._body = b""
+        self._body = bytearray()  # appended per DATA frame: bytes += bytes copied it all each time
         self._request = b""  # the request message, uncompressed (for the Abort fan-out)
         # The engine's response headers to relay (grpc-encoding, custom metadata): sent with the
         # first message or the status, so an attempt that fails before any message can be retried.
@@ -168,6 +187,11 @@ class ForwardedCall:
             self._deadline = loop.time() + headers.timeout
             self._timer = loop.call_at(self._deadline, self._deadline_passed)
         forwarder.num_in_flight += 1
+        self._peer = getattr(call.connection, "peer", "")
+        forwarder.in_flight_by_peer[self._peer] = forwarder.in_flight_by_peer.get(self._peer, 0) + 1
+        self._body_timer: asyncio.TimerHandle | None = None
+        if not end_stream:  # a headers-only stream must not hold its slot for ever
+            self._body_timer = loop.call_later(forwarder.config.request_body_timeout_s, self._body_late)
         forwarder.metrics.in_flight.inc()
         forwarder.calls.add(self)
         call.handler = self
@@ -187,12 +211,23 @@ class ForwardedCall:
         if end_stream:
             self._request_complete()
 
+    def _body_late(self) -> None:
+        self._body_timer = None
+        if not self._is_done:
+            timeout = self._forwarder.config.request_body_timeout_s
+            message = f"the request message did not arrive within {timeout:g} s (--request-body-timeout)"
+            self._finish(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+
     def _too_large(self, length: int) -> None:
         limit = self._forwarder.max_message_bytes
         message = f"request message of {length} bytes is larger than the gateway's limit of {limit} bytes"
         self._finish(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
     def _request_complete(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        self._body = bytes(self._body)  # complete: one copy, then shared read-only with every attempt
         request = read_request(
             self._body, self._rpc, REQUEST_TYPES[self._rpc], self._headers.encoding, self._forwarder.max_message_bytes
         )
@@ -429,6 +464,14 @@ class ForwardedCall:
             self._timer = None
         forwarder = self._forwarder
         forwarder.num_in_flight -= 1
+        left = forwarder.in_flight_by_peer.get(self._peer, 1) - 1
+        if left:
+            forwarder.in_flight_by_peer[self._peer] = left
+        else:
+            forwarder.in_flight_by_peer.pop(self._peer, None)
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
         forwarder.metrics.in_flight.dec()
         forwarder.calls.discard(self)
         forwarder.record(self._rpc, code, self._start)
@@ -455,16 +498,13 @@ class ForwardedCall:
                 *(engine.abort(request, timeout=timeout, metadata=metadata) for engine in engines),
                 return_exceptions=True,
             )
-            aborted: list[str] = []
-            for engine, result in zip(engines, results, strict=True):
-                if isinstance(result, grpc.aio.AioRpcError):
-                    raise engine_failure(engine, result.code(), result.details() or "", 0)
-                if isinstance(result, BaseException):
-                    raise result
-                aborted.extend(control_pb2.AbortResponse.FromString(result).aborted_request_ids)
+            aborted = merge_abort_results(engines, results)
         except GatewayError as error:
             self._finish(*status_for(error))
             return
+        except asyncio.CancelledError:  # this task itself was cancelled (shutdown): still end the call
+            self._finish(*status_for(Unavailable("the gateway stopped while the Abort was in flight")))
+            raise
         except Exception:
             logger.exception("unexpected error while fanning out Abort")
             self._finish(*status_for(RuntimeError()))

@@ -41,7 +41,9 @@ from gateway.upstream import UpstreamLink
 DRAINING_MESSAGE = "gateway is shutting down; retry on another gateway"
 UNAUTHENTICATED_MESSAGE = "missing or invalid API key: send metadata `authorization: Bearer KEY`"
 
-HEALTH_PREFIX = b"/grpc.health.v1.Health/"
+# With API keys, only Check is open to callers without one (probes): a Watch stream is held open,
+# and 4,000 unauthenticated ones took the gateway from 49 to 104 MB (issue 22).
+HEALTH_CHECK = b"/grpc.health.v1.Health/Check"
 # path -> (rpc name, response streaming)
 DPGATE_METHODS: dict[bytes, tuple[str, bool]] = {
     f"/{INFERENCE_SERVICE}/Generate".encode(): ("Generate", False),
@@ -73,6 +75,8 @@ class Forwarder:
         self.local_services: UpstreamLink | None = None  # set by the server once they listen
         self.is_refusing = False
         self.num_in_flight = 0
+        self.in_flight_by_peer: dict[str, int] = {}  # client address -> its calls in flight
+        self._peer_limit = config.peer_in_flight_limit
         self.calls: set[ForwardedCall] = set()
         self._rejected_metadata = metrics.rejected_metadata.labels(key=RANK_KEY)
         for rpc, _ in DPGATE_METHODS.values():  # at 0 from the start (see gateway/metrics.py)
@@ -89,7 +93,7 @@ class Forwarder:
         headers = CallHeaders(call.headers)
         path = headers.path
         if not path.startswith(_DPGATE_PREFIX):  # health, reflection: the gateway's own services
-            if self._accepted_keys and not path.startswith(HEALTH_PREFIX) and not self._is_authorized(headers):
+            if self._accepted_keys and path != HEALTH_CHECK and not self._is_authorized(headers):
                 call.refuse(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
             else:
                 PassThroughCall(self, call, headers, end_stream)
@@ -109,6 +113,11 @@ class Forwarder:
             return
         if self.config.max_in_flight is not None and self.num_in_flight >= self.config.max_in_flight:
             self._refuse(call, path, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, self._full_message)
+            return
+        peer = getattr(call.connection, "peer", "")
+        if self._peer_limit is not None and self.in_flight_by_peer.get(peer, 0) >= self._peer_limit:
+            message = f"this client is at its limit of {self._peer_limit} calls in flight (--max-in-flight-per-peer)"
+            self._refuse(call, path, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
             return
         try:
             rank = parse_data_parallel_rank(headers.rank_fields)

@@ -138,13 +138,22 @@ class ClientConnection(Http2Connection):
         self._ping_outstanding = False
         self._header_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
+        self.peer = ""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = str(peer[0]) if isinstance(peer, tuple) and peer else ""  # the client's address
         config = self._config
         if len(self._connections) >= config.max_connections:
             logger.debug("refusing a client connection: %d are open", len(self._connections))
             self.close(f.ENHANCE_YOUR_CALM, b"too_many_connections")
+            return
+        # One address may not take every connection (idle ones re-opened as the header timeout
+        # closes them filled --max-connections and locked new clients out, issue 22).
+        if sum(1 for other in self._connections if other.peer == self.peer) >= config.max_connections_per_peer:
+            logger.debug("refusing a client connection: %s has %d open", self.peer, config.max_connections_per_peer)
+            self.close(f.ENHANCE_YOUR_CALM, b"too_many_connections_from_peer")
             return
         self._connections.add(self)
         call_later = self._loop.call_later

@@ -15,6 +15,7 @@ import signal
 import sys
 
 from dpgate.config_file import attribute
+from dpgate.engine_token import EngineTokenError, read_engine_token
 from dpgate.logs import add_log_format_argument, configure_logging
 from gateway.config import (
     TLS_KEY_PASSWORD_ENV,
@@ -49,11 +50,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="accept `authorization: Bearer KEY` (repeatable; keys in $DPGATE_API_KEYS are accepted too)")
     add("--api-key-file", help="file of accepted API keys, one a line")
     add_prefix_cache_sharing_argument(parser)
+    add("--engine-token-file", metavar="FILE",
+        help="token to show the engines (they refuse calls without it); $DPGATE_ENGINE_TOKEN works too "
+        "(default: none)")
     add("--tls-cert", help="PEM certificate chain for TLS to clients")
     add("--tls-key", help="PEM private key for --tls-cert; if encrypted, its password in $DPGATE_TLS_KEY_PASSWORD")
     add("--tls-client-ca", help="PEM CA bundle; clients must show a certificate it signed (mutual TLS)")
     add("--max-message-bytes", type=int, default=d.max_message_bytes, help="largest message either way")
     add("--max-in-flight", type=int, help="refuse calls beyond this many in flight (default: no limit)")
+    add("--max-in-flight-per-peer", type=int,
+        help="refuse a client address's calls beyond this many in flight (default: half of --max-in-flight, "
+        "else no limit)")
+    add("--request-body-timeout", type=float, default=d.request_body_timeout_s,
+        help="seconds a call's request message may take to arrive after its headers; then DEADLINE_EXCEEDED "
+        f"(default {d.request_body_timeout_s})")
     add("--keepalive-time", type=float, default=d.keepalive_time_s, help="seconds between server pings")
     add("--keepalive-timeout", type=float, default=d.keepalive_timeout_s, help="seconds to await a ping ack")
     add("--min-client-ping-interval", type=float, default=d.min_client_ping_interval_s,
@@ -126,6 +136,8 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     add("--max-header-list-size", type=int, default=d.max_header_list_size,
         help="SETTINGS_MAX_HEADER_LIST_SIZE: largest request header list, bytes (RFC 9113 counting)")
     add("--max-connections", type=int, default=d.max_connections, help="most client connections open at once")
+    add("--max-connections-per-peer", type=int, default=d.max_connections_per_peer,
+        help="most client connections one address may have open at once")
     add("--header-timeout", type=float, default=d.header_timeout_s,
         help="seconds a new connection has for its preface and first request; any header block for all its frames")
     add("--idle-timeout", type=float, default=d.idle_timeout_s,
@@ -171,6 +183,7 @@ def limits_from_args(args: argparse.Namespace) -> dict[str, int | float]:
         "max_concurrent_streams": args.max_concurrent_streams,
         "max_header_list_size": args.max_header_list_size,
         "max_connections": args.max_connections,
+        "max_connections_per_peer": args.max_connections_per_peer,
         "header_timeout_s": args.header_timeout,
         "idle_timeout_s": args.idle_timeout,
         "hpack_table_size": args.hpack_table_size,
@@ -185,7 +198,12 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     if args.api_key_file:
         api_keys += read_api_key_file(args.api_key_file)
     api_keys += api_keys_from_environment()
+    try:
+        engine_token = read_engine_token(args.engine_token_file)
+    except EngineTokenError as error:
+        raise ConfigError(str(error)) from None
     config = GatewayConfig(
+        engine_token=engine_token,
         engines=tuple(args.engine),
         engine_dns=tuple(args.engine_dns),
         engine_dns_interval_s=args.engine_dns_interval,
@@ -201,6 +219,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         tls_client_ca_file=args.tls_client_ca,
         max_message_bytes=args.max_message_bytes,
         max_in_flight=args.max_in_flight,
+        max_in_flight_per_peer=args.max_in_flight_per_peer,
+        request_body_timeout_s=args.request_body_timeout,
         keepalive_time_s=args.keepalive_time,
         keepalive_timeout_s=args.keepalive_timeout,
         min_client_ping_interval_s=args.min_client_ping_interval,

@@ -19,6 +19,7 @@ import asyncio
 import logging
 from typing import Protocol
 
+from dpgate.engine_token import ENGINE_TOKEN_KEY
 from gateway.grpc_wire import format_timeout
 from gateway.http2.connection import Headers, Http2Connection, Stream
 from gateway.http2.header_codec import encode_block, encode_field, encode_literal
@@ -134,14 +135,15 @@ class UpstreamConnection(Http2Connection):
 class UpstreamLink:
     """Connections to one upstream address, and the request headers calls to it carry."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, engine_token: str | None = None) -> None:
         self.host = host
         self.port = port
         authority = f"{host}:{port}".encode()
-        self._fixed_headers = encode_block(
-            ((b":method", b"POST"), (b":scheme", b"http"), (b":authority", authority),
-             (b"content-type", b"application/grpc"), (b"te", b"trailers"))
-        )  # fmt: skip
+        fields = [(b":method", b"POST"), (b":scheme", b"http"), (b":authority", authority),
+                  (b"content-type", b"application/grpc"), (b"te", b"trailers")]  # fmt: skip
+        if engine_token is not None:  # dpgate/engine_token.py: engines serve only their gateway
+            fields.append((ENGINE_TOKEN_KEY.encode(), engine_token.encode()))
+        self._fixed_headers = encode_block(fields)
         self._connections: list[UpstreamConnection] = []
         self._connecting: asyncio.Future[UpstreamConnection] | None = None
         self._is_closed = False

@@ -6,7 +6,8 @@ rank and the DP size on its command line and reports them back in the handshake;
 learns the topology from them like any other. Its health reports SERVING only once all N
 engines passed the handshake and serve (`GatewayConfig.ready_data_parallel_size`), so a client
 that waits for SERVING may pin any rank at once. SIGTERM drains the gateway first, then stops
-the engines.
+the engines. Each run makes a new engine token (dpgate/engine_token.py), handed to the engines
+through their environment and to the gateway in its config: the engines' ports serve only it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import subprocess
 import sys
 
 from dpgate.config_file import attribute
+from dpgate.engine_token import ENGINE_TOKEN_ENV, new_engine_token
 from dpgate.host import usable_cores
 from dpgate.logs import add_log_format_argument, configure_logging
 from dpgate.ports import free_port
@@ -92,6 +95,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--reasoning-parser", help="engines' reasoning parser: think or none (default: by the model)")
     add("--reasoning-markers", metavar="START,END", help="engines' reasoning markers (default: <think>,</think>)")
     add("--tool-call-parser", help="engines' tool-call parser: hermes or none (default: by the model)")
+    add(
+        "--grammar-compile-timeout-s",
+        type=float,
+        help="engines' budget for one grammar, seconds (default: the engine's)",
+    )
     add_log_format_argument(parser, deprecated_json_flag=True)  # the gateway's and every engine's
     add_prefix_cache_sharing_argument(parser)
     add_routing_arguments(parser)
@@ -121,10 +129,11 @@ def engine_command(args: argparse.Namespace, rank: int, port: int) -> list[str]:
     ]  # fmt: skip
     if args.allow_oversubscribe:
         command.append("--allow-oversubscribe")
-    for flag in ("--chat-template", "--reasoning-parser", "--reasoning-markers", "--tool-call-parser"):
+    for flag in ("--chat-template", "--reasoning-parser", "--reasoning-markers", "--tool-call-parser",
+                 "--grammar-compile-timeout-s"):  # fmt: skip
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
-            command += [flag, value]
+            command += [flag, str(value)]
     if args.engine_metrics_port is not None:
         command += ["--metrics-port", str(args.engine_metrics_port + rank)]
     # Engines on one host share its cores: oversubscribed torch threads spin against each other.
@@ -188,7 +197,13 @@ def check_engine_metrics_ports(args: argparse.Namespace) -> None:
             raise ConfigError(f"--engine-metrics-port {base}: the engines' ports {base}..{last} include {flag} {port}.")
 
 
-def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
+def engine_environment(token: str) -> dict[str, str]:
+    """The engines' environment: this process's, plus the run's engine token (never on a command
+    line, which any local user can read)."""
+    return {**os.environ, ENGINE_TOKEN_ENV: token}
+
+
+def gateway_config(args: argparse.Namespace, ports: list[int], engine_token: str | None = None) -> GatewayConfig:
     """The validated config of the gateway in front of engines on `ports`; raises ConfigError."""
     return validate_config(
         GatewayConfig(
@@ -197,6 +212,7 @@ def gateway_config(args: argparse.Namespace, ports: list[int]) -> GatewayConfig:
             port=args.port,
             metrics_port=args.metrics_port,
             api_keys=tuple(args.api_key) + api_keys_from_environment(),
+            engine_token=engine_token,
             log_format=args.log_format,
             access_log=args.access_log,
             prefix_cache_sharing=args.prefix_cache_sharing,
@@ -218,9 +234,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"dpgate serve: error: {message}", file=sys.stderr)
         return 2
     ports = [free_port() for _ in range(args.data_parallel_size)]  # below the ephemeral range: dpgate/ports.py
+    # A new token each run: the engines serve only this gateway (dpgate/engine_token.py).
+    engine_token = new_engine_token()
     try:
         check_engine_metrics_ports(args)
-        config = gateway_config(args, ports)
+        config = gateway_config(args, ports, engine_token)
     except ConfigError as error:
         print(f"dpgate serve: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
@@ -234,7 +252,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"dpgate serve: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
     configure_logging(config.log_format)
-    processes = [subprocess.Popen(engine_command(args, rank, port)) for rank, port in enumerate(ports)]
+    environment = engine_environment(engine_token)
+    processes = [subprocess.Popen(engine_command(args, rank, port), env=environment) for rank, port in enumerate(ports)]
     import uvloop
 
     try:

@@ -43,11 +43,12 @@ _MAX_JSON_WHITESPACE = 1
 
 
 def tool_call_grammar(
-    tools: list[ToolSpec], choice: str, markers: ChatMarkers, *, thinking: bool = False, parallel: bool = True
+    tools: list[ToolSpec], choice: str, markers: ChatMarkers, thinking: bool = False, parallel: bool = True
 ) -> GrammarSpec:
     """An EBNF `GrammarSpec` of one or more calls of `tools` (choice "required"; exactly one when
     not `parallel`) or of the tool named `choice`. Raises InvalidToolError, naming the field, for a
-    choice that names no tool or a tool schema xgrammar cannot follow."""
+    choice that names no tool or a tool schema xgrammar cannot follow. Positional arguments only
+    (the server runs it in a budgeted child process, engines/grammar/worker_process.py)."""
     if not tools:
         raise InvalidToolError(f"tool_choice {choice} needs at least one tool in tools")
     if choice == REQUIRED:

@@ -8,13 +8,12 @@ or the empty object schema when the text is empty. Every refusal names the field
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.grammar.spec import MAX_GRAMMAR_BYTES
+from engines.grammar.spec import MAX_GRAMMAR_BYTES, json_type_name, strict_json_loads
 from engines.sampling.params import InvalidRequestError
 
 MAX_TOOLS = 128
@@ -80,30 +79,14 @@ def parse_parameters(text: str, field: str) -> dict[str, Any]:
     if len(text.encode()) > MAX_GRAMMAR_BYTES:
         raise InvalidToolError(f"{field} is {len(text.encode())} bytes; at most {MAX_GRAMMAR_BYTES} are allowed")
     try:
-        schema = json.loads(text, parse_constant=_refuse_constant)
+        schema = strict_json_loads(text)
     except ValueError as error:  # json.JSONDecodeError, or NaN / Infinity
         raise InvalidToolError(f"{field} is not valid JSON: {error}") from None
     except RecursionError:
         raise InvalidToolError(f"{field} is nested too deeply") from None
     if not isinstance(schema, dict):
-        raise InvalidToolError(f"{field} must be a JSON schema (a JSON object), not {_json_type(schema)}")
+        raise InvalidToolError(f"{field} must be a JSON schema (a JSON object), not {json_type_name(schema)}")
     kind = schema.get("type", "object")
     if kind != "object":
         raise InvalidToolError(f'{field} must describe an object ("type": "object"): arguments are a JSON object')
     return schema
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def _json_type(value: Any) -> str:
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if value is None:
-        return "null"
-    return "a number"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from engines.sampling.params import InvalidRequestError, require
 
@@ -46,16 +47,41 @@ def json_schema_spec(schema: str) -> GrammarSpec:
     field = "structured_output.json_schema"
     _require_size(schema, field)
     try:
-        document = json.loads(schema)
-    except json.JSONDecodeError as error:
+        document = strict_json_loads(schema)
+    except ValueError as error:  # json.JSONDecodeError, or NaN / Infinity
         raise InvalidRequestError(f"{field} is not JSON: {error}") from None
     except RecursionError:
         raise InvalidRequestError(f"{field} is nested too deeply") from None
     require(
         isinstance(document, dict | bool),
-        f"{field} must be a JSON object (or true/false), not {type(document).__name__}",
+        f"{field} must be a JSON object (or true/false), not {json_type_name(document)}",
     )
     return GrammarSpec(GrammarKind.JSON_SCHEMA, schema)
+
+
+def strict_json_loads(text: str) -> Any:
+    """JSON as RFC 8259 has it: Python's json takes NaN, Infinity and -Infinity, which are not JSON
+    (and which the grammar library then fails on with its own internal check message)."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def json_type_name(value: Any) -> str:
+    """The JSON name of a parsed value's type, for messages (never a Python type name)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return "a number"
 
 
 def json_object_spec() -> GrammarSpec:

@@ -9,10 +9,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MAX_TOP_LOGPROBS = 20
+# What the sampler can compute with in float32. Logits are divided by the temperature and by the
+# repetition penalty: below these floors a finite logit becomes inf and softmax gives NaN (1e-40
+# did, issue 22); above the ceilings, or at inf, -inf / inf is NaN. Within them the largest
+# quotient (|logit| + bias 100, / 0.01, / 0.001) stays far below float32's 3.4e38.
+MIN_TEMPERATURE = 1e-3
+MAX_TEMPERATURE = 100.0
+MIN_REPETITION_PENALTY = 0.01
+MAX_REPETITION_PENALTY = 100.0
+# Stop strings: OpenAI's API takes 4, chat clients a handful; the stop automaton is built per
+# request from all of them (engines/scheduling/stop_strings.py), so its size is bounded here.
+DEFAULT_MAX_STOP_STRINGS = 32
+DEFAULT_MAX_STOP_STRING_BYTES = 4096
 
 
 class InvalidRequestError(ValueError):
     """A request field breaks a rule; the message names the field and the rule."""
+
+
+class UnsampleableRowError(InvalidRequestError):
+    """A request's parameters left its logits row without a probability distribution (NaN or no
+    mass). Validation should make it impossible; if it still happens it ends only that request,
+    as the client's error, never the step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,11 +54,17 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self, vocab_size: int) -> None:
-        require(self.temperature >= 0.0, "sampling.temperature must be >= 0")
+        require(
+            self.temperature == 0.0 or MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE,
+            f"sampling.temperature must be 0 (greedy) or in [{MIN_TEMPERATURE:g}, {MAX_TEMPERATURE:g}]",
+        )
         require(self.top_k >= 0, "sampling.top_k must be >= 0 (0 disables it)")
         require(0.0 < self.top_p <= 1.0, "sampling.top_p must be in (0, 1]")
         require(0.0 <= self.min_p <= 1.0, "sampling.min_p must be in [0, 1]")
-        require(self.repetition_penalty > 0.0, "sampling.repetition_penalty must be > 0")
+        require(
+            MIN_REPETITION_PENALTY <= self.repetition_penalty <= MAX_REPETITION_PENALTY,
+            f"sampling.repetition_penalty must be in [{MIN_REPETITION_PENALTY:g}, {MAX_REPETITION_PENALTY:g}]",
+        )
         require(-2.0 <= self.presence_penalty <= 2.0, "sampling.presence_penalty must be in [-2, 2]")
         require(-2.0 <= self.frequency_penalty <= 2.0, "sampling.frequency_penalty must be in [-2, 2]")
         for token_id, bias in self.logit_bias.items():
@@ -65,7 +89,15 @@ class StoppingParams:
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
 
-    def validate(self, vocab_size: int, num_prompt_tokens: int, max_model_len: int) -> None:
+    def validate(
+        self,
+        vocab_size: int,
+        num_prompt_tokens: int,
+        max_model_len: int,
+        *,
+        max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS,
+        max_stop_string_bytes: int = DEFAULT_MAX_STOP_STRING_BYTES,
+    ) -> None:
         require(self.max_tokens >= 1, "stopping.max_tokens must be >= 1")
         room = max_model_len - num_prompt_tokens
         require(
@@ -75,6 +107,17 @@ class StoppingParams:
         )
         require(self.min_tokens >= 0, "stopping.min_tokens must be >= 0")
         require(self.min_tokens <= self.max_tokens, "stopping.min_tokens must be <= stopping.max_tokens")
+        require(
+            len(self.stop) <= max_stop_strings,
+            f"stopping.stop holds {len(self.stop)} strings; at most {max_stop_strings} are allowed "
+            "(--max-stop-strings)",
+        )
+        num_bytes = sum(len(stop.encode()) for stop in self.stop)
+        require(
+            num_bytes <= max_stop_string_bytes,
+            f"stopping.stop strings hold {num_bytes} bytes together; at most {max_stop_string_bytes} are allowed "
+            "(--max-stop-string-bytes)",
+        )
         require(all(self.stop), "stopping.stop strings must not be empty")
         for token_id in self.stop_token_ids:
             require(token_id < vocab_size, f"stopping.stop_token_ids {token_id} must be < vocab size {vocab_size}")

@@ -9,10 +9,12 @@ whatever else the engine is doing.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
-from engines.sampling.params import SamplingParams
+from engines.sampling.params import SamplingParams, UnsampleableRowError
 from engines.sampling.tokens import SampledToken
 
 
@@ -108,7 +110,8 @@ def sample(
     """Pick the next token from float32 `logits` [vocab]. `blocked_token_ids` (stop tokens before
     min_tokens is reached) can never be chosen. Logprobs describe the model's raw distribution:
     `raw_logits` when `logits` is a grammar-masked copy (masked tokens at -inf, the caller's
-    scratch row, which this may overwrite), else `logits` (left as it is)."""
+    scratch row, which this may overwrite), else `logits` (left as it is). Raises
+    UnsampleableRowError when the row has no distribution to draw from (the request's fault)."""
     if raw_logits is None:
         raw_logits, logits = logits, logits.clone()
     if params.logit_bias:
@@ -121,6 +124,12 @@ def sample(
         token_id = first_argmax(logits)
     else:
         probs = filter_logits(logits, params).softmax(-1)
+        total = float(probs.sum())  # NaN anywhere makes the sum NaN: one reduction checks the row
+        if not math.isfinite(total) or total <= 0.0:
+            raise UnsampleableRowError(
+                "sampling parameters (temperature, penalties, logit_bias) left no valid probability "
+                "distribution for the next token"
+            )
         token_id = int(torch.multinomial(probs, 1, generator=generator))
     if params.top_logprobs is None:
         return SampledToken(token_id)

@@ -87,10 +87,11 @@ class Scheduler:
             raise QueueFullError(f"the engine's waiting queue is full ({self.config.max_waiting} requests)")
         self.waiting.append(seq)
 
-    def abort(self, request_id: str) -> Sequence | None:
+    def abort(self, handle: int) -> Sequence | None:
+        """Remove the sequence with this handle (Sequence.handle) and free its blocks."""
         for queue in (self.running, self.waiting):
             for seq in queue:
-                if seq.request_id == request_id:
+                if seq.handle == handle:
                     queue.remove(seq)
                     self.block_manager.free(seq.block_table)
                     return seq

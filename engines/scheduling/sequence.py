@@ -8,6 +8,7 @@ held back from the stream until it is known not to be one.
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,6 +17,7 @@ from engines.kv.block_manager import PrefixState
 from engines.sampling.params import InvalidRequestError, SamplingParams, StoppingParams
 from engines.sampling.tokens import SampledToken
 from engines.scheduling.detokenizer import Decoder, IncrementalDetokenizer
+from engines.scheduling.stop_strings import StopScanner
 
 
 class GrammarState(Protocol):
@@ -28,6 +30,11 @@ class GrammarState(Protocol):
     def is_terminated(self) -> bool: ...
 
 
+# Handles are unique in the process for its lifetime: two live requests never share one, and a
+# handle is never reused, so a late output of an ended request cannot reach a newer one.
+_next_handle = itertools.count(1).__next__
+
+
 class FinishReason(enum.Enum):
     LENGTH = "length"
     STOP = "stop"
@@ -36,8 +43,10 @@ class FinishReason(enum.Enum):
 
 @dataclass(slots=True)
 class StepOutput:
-    """What one step produced for one sequence, ready for the client."""
+    """What one step produced for one sequence, ready for the client. `handle` says which request
+    it belongs to; `request_id` is only the client's label."""
 
+    handle: int
     request_id: str
     text: str
     token_ids: list[int]
@@ -56,6 +65,9 @@ class StepOutput:
 
 @dataclass(slots=True)
 class Sequence:
+    """`request_id` is the client's label and need not be unique; `handle` is the engine's own
+    identity for this request, and everything inside the engine (abort, output routing) uses it."""
+
     request_id: str
     prompt_ids: list[int]
     sampling: SamplingParams
@@ -84,9 +96,13 @@ class Sequence:
     # preemption, so recomputing the prompt never scores a position twice.
     prompt_logprobs: list[SampledToken] = field(default_factory=list)
     detokenizer: IncrementalDetokenizer = field(init=False)
+    stop_scanner: StopScanner | None = field(init=False, default=None)  # None: no stop strings
+    handle: int = field(init=False, default_factory=_next_handle)
 
     def __post_init__(self) -> None:
         self.detokenizer = IncrementalDetokenizer(self.decoder, self.prompt_ids)
+        if self.stopping.stop:
+            self.stop_scanner = StopScanner(self.stopping.stop)
 
     @property
     def is_finished(self) -> bool:
@@ -125,8 +141,9 @@ class Sequence:
             self._finish(FinishReason.STOP)
             self.stop_token_id = token_id
         else:
-            self.output_text += self.detokenizer.add(token_id)
-            self._check_stop_strings()
+            new_text = self.detokenizer.add(token_id)
+            self.output_text += new_text
+            self._check_stop_strings(new_text)
         if self.grammar is not None and self.grammar.is_terminated:
             self._finish(FinishReason.STOP)
         if not self.is_finished and len(self.output_ids) >= self.stopping.max_tokens:
@@ -152,40 +169,31 @@ class Sequence:
         if self.finish_reason is None:
             self.finish_reason = reason
 
-    def _check_stop_strings(self) -> None:
-        if not self.stopping.stop or len(self.output_ids) <= self.stopping.min_tokens:
+    def _check_stop_strings(self, new_text: str) -> None:
+        """Feed this step's text to the stop automaton (O(new text)); a stop string that ends in it,
+        once min_tokens outputs exist, cuts the text where it starts and ends the request."""
+        if self.stop_scanner is None:
             return
-        # Text that could begin a stop string is never emitted, so a new match starts at or
-        # after the emitted prefix; searching from there skips matches ignored before min_tokens.
-        search_from = self.num_emitted_chars
-        best: tuple[int, str] | None = None
-        for stop in self.stopping.stop:
-            index = self.output_text.find(stop, search_from)
-            if index >= 0 and (best is None or index < best[0]):
-                best = (index, stop)
-        if best is not None:
-            self.output_text = self.output_text[: best[0]]
-            self.stop_string = best[1]
+        offset = len(self.output_text) - len(new_text)
+        match = self.stop_scanner.feed(new_text, offset, report=len(self.output_ids) > self.stopping.min_tokens)
+        if match is not None:
+            start, index = match
+            self.output_text = self.output_text[:start]
+            self.stop_string = self.stopping.stop[index]
             self._finish(FinishReason.STOP)
 
     def _held_back_chars(self) -> int:
         """Length of the longest text suffix that could still grow into a stop string."""
-        if self.is_finished or not self.stopping.stop:
+        if self.is_finished or self.stop_scanner is None:
             return 0
-        text = self.output_text
-        held = 0
-        for stop in self.stopping.stop:
-            for size in range(min(len(stop) - 1, len(text)), held, -1):
-                if stop.startswith(text[-size:]):
-                    held = size
-                    break
-        return held
+        return self.stop_scanner.held
 
     def _emit(self, token_ids: list[int], logprobs: list[SampledToken]) -> StepOutput:
         visible = len(self.output_text) - self._held_back_chars()
         text = self.output_text[self.num_emitted_chars : visible] if visible > self.num_emitted_chars else ""
         self.num_emitted_chars = max(self.num_emitted_chars, visible)
         return StepOutput(
+            handle=self.handle,
             request_id=self.request_id,
             text=text,
             token_ids=token_ids,

@@ -6,15 +6,18 @@ model on, so the steps run on the thread whose OpenMP team torch already has (en
 says why a second team costs two thirds of the speed).
 
 Synchronisation: the event loop never touches `LLMEngine`; it sends `AddRequest`/`AbortRequest`
-commands (and `ResetPrefixCache`, answered through a future) through a thread-safe queue. The
-engine thread drains commands before every step and hands the step's outputs back with one
-`loop.call_soon_threadsafe` a step (one wake-up of the loop, however many requests the step
-advanced), so every per-request `asyncio.Queue` is only ever used on the loop. Load figures are
-read from plain ints the engine thread publishes after each step. A request with a grammar is
-compiled on the grammar compiler's threads (awaited here, on neither the loop nor the engine
+commands (and `ResetPrefixCache`, answered through a future) through a thread-safe queue.
+Requests are known by their `Sequence.handle`, never by the client's request_id: two calls may
+carry the same id (a reused id right after a cancel, or two clients that picked the same one), and
+each must read only its own outputs. The engine thread drains commands before every step and hands
+the step's outputs back with one `loop.call_soon_threadsafe` a step (one wake-up of the loop,
+however many requests the step advanced), so every per-request `asyncio.Queue` is only ever used
+on the loop. Load figures are read from plain ints the engine thread publishes after each step.
+Requests are built (validated, rendered, tokenized) on preparation threads, and a request with a
+grammar is compiled by the grammar compiler (awaited here, on neither the loop nor the engine
 thread) before the engine sees it, so a grammar that does not compile fails the call before any
-token. The block manager's prefix-cache
-events go to `kv_events` (thread-safe) after every step and every reset.
+token. The block manager's prefix-cache events go to `kv_events` (thread-safe) after every step
+and every reset.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -46,7 +51,7 @@ class AddRequest:
 
 @dataclass(frozen=True, slots=True)
 class AbortRequest:
-    request_id: str
+    handle: int  # Sequence.handle
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +83,12 @@ class EngineFailedError(RuntimeError):
     """The engine thread raised; the request cannot complete."""
 
 
+# Threads that validate, render and tokenize requests (and wait for tool-call grammars built in
+# the grammar compiler's children): off the event loop, so a 4 MB prompt or a slow chat template
+# never stalls health checks or the neighbours' streams.
+PREPARE_THREADS = 2
+
+
 class AsyncEngine:
     def __init__(
         self,
@@ -90,9 +101,13 @@ class AsyncEngine:
         self.loop = loop
         self.grammars = grammars
         self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
-        self.streams: dict[str, asyncio.Queue[StepOutput | BaseException]] = {}
+        self.streams: dict[int, asyncio.Queue[StepOutput | BaseException]] = {}  # by Sequence.handle
+        self.handles: dict[str, set[int]] = {}  # client request_id -> live handles, for Control.Abort
         self.num_running = 0
         self.num_waiting = 0
+        self.num_preparing = 0  # requests being built or waiting for their grammar: count as waiting
+        self.max_waiting = engine.scheduler.config.max_waiting
+        self._prepare_pool = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="dpgate-prepare")
         self.kv_usage = 0.0
         self.blocks = BlockCounts(num_free=engine.block_manager.num_blocks)
         self.kv_events = KvEventLog()
@@ -101,18 +116,42 @@ class AsyncEngine:
         self._loop_done = self.thread.submit(self._run)
 
     def is_active(self, request_id: str) -> bool:
-        return request_id in self.streams
+        return request_id in self.handles
+
+    async def run(self, build: Callable[[threading.Event], Sequence]) -> AsyncIterator[tuple[Sequence, StepOutput]]:
+        """Build a request off the loop, compile its grammar, then yield (sequence, output) until it
+        finishes. `build` gets an event set when the caller goes away (its grammar work stops).
+        Requests being built or compiled count toward --max-waiting with those queued in the
+        engine, so neither stage grows without bound."""
+        if self.num_waiting + self.num_preparing >= self.max_waiting:
+            raise QueueFullError(f"the engine's waiting queue is full ({self.max_waiting} requests)")
+        self.num_preparing += 1
+        try:
+            seq = await self._prepare(build)
+            if seq.grammar_spec is not None:
+                await self._attach_grammar(seq)
+        finally:
+            self.num_preparing -= 1
+        async for output in self.generate(seq):
+            yield seq, output
+
+    async def _prepare(self, build: Callable[[threading.Event], Sequence]) -> Sequence:
+        cancelled = threading.Event()
+        try:
+            return await asyncio.wrap_future(self._prepare_pool.submit(build, cancelled))
+        except asyncio.CancelledError:
+            cancelled.set()  # a tool-call grammar being built for it stops; a queued build never starts
+            raise
 
     async def generate(self, seq: Sequence) -> AsyncIterator[StepOutput]:
         """Yield the request's step outputs until it finishes. Leaving early (the client went
         away or the call was cancelled) aborts the request in the engine."""
-        if seq.request_id in self.streams:
-            raise ValueError(f"request_id {seq.request_id!r} is already running")
         outputs: asyncio.Queue[StepOutput | BaseException] = asyncio.Queue()
-        self.streams[seq.request_id] = outputs
+        self.streams[seq.handle] = outputs
+        self.handles.setdefault(seq.request_id, set()).add(seq.handle)
         finished = False
         try:
-            if seq.grammar_spec is not None:
+            if seq.grammar_spec is not None and seq.grammar is None:
                 await self._attach_grammar(seq)
             self.commands.put(AddRequest(seq))
             while not finished:
@@ -126,9 +165,17 @@ class AsyncEngine:
                     raise output.error
                 yield output
         finally:
-            self.streams.pop(seq.request_id, None)
+            self._forget(seq)
             if not finished:
-                self.commands.put(AbortRequest(seq.request_id))
+                self.commands.put(AbortRequest(seq.handle))
+
+    def _forget(self, seq: Sequence) -> None:
+        self.streams.pop(seq.handle, None)
+        live = self.handles.get(seq.request_id)
+        if live is not None:
+            live.discard(seq.handle)
+            if not live:
+                del self.handles[seq.request_id]
 
     async def _attach_grammar(self, seq: Sequence) -> None:
         """Compile (or find cached) the request's grammar and give it its own matcher."""
@@ -140,10 +187,12 @@ class AsyncEngine:
         seq.grammar = RequestGrammar(compiled, seq.stop_token_ids, self.grammars.vocab_size)
 
     def abort(self, request_ids: list[str]) -> list[str]:
-        """Ask the engine to end these requests; returns the ids that were active."""
-        active = [rid for rid in request_ids if rid in self.streams]
+        """Ask the engine to end every live request carrying these client ids; returns the ids
+        that had one."""
+        active = [rid for rid in dict.fromkeys(request_ids) if rid in self.handles]
         for rid in active:
-            self.commands.put(AbortRequest(rid))
+            for handle in self.handles[rid]:
+                self.commands.put(AbortRequest(handle))
         return active
 
     async def reset_prefix_cache(self) -> int:
@@ -155,18 +204,19 @@ class AsyncEngine:
     def shutdown(self) -> None:
         self.commands.put(Shutdown())
         self.thread.stop(timeout=10)
+        self._prepare_pool.shutdown(wait=False, cancel_futures=True)
 
-    def _deliver(self, output: StepOutput | BaseException, request_id: str) -> None:
-        stream = self.streams.get(request_id)
-        if stream is not None:
+    def _deliver(self, output: StepOutput | BaseException, handle: int) -> None:
+        stream = self.streams.get(handle)
+        if stream is not None:  # None: its call has gone, and nobody else may read it
             stream.put_nowait(output)
 
     def _deliver_step(self, outputs: list[StepOutput]) -> None:
         for output in outputs:
-            self._deliver(output, output.request_id)
+            self._deliver(output, output.handle)
 
     def _send(self, output: StepOutput) -> None:
-        self.loop.call_soon_threadsafe(self._deliver, output, output.request_id)
+        self.loop.call_soon_threadsafe(self._deliver, output, output.handle)
 
     def _apply(self, command: Command) -> bool:
         """Apply one command; False means shut down."""
@@ -180,9 +230,9 @@ class AsyncEngine:
             try:
                 self.engine.add(command.seq)
             except (QueueFullError, RequestTooLargeError) as refusal:
-                self.loop.call_soon_threadsafe(self._deliver, refusal, command.seq.request_id)
+                self.loop.call_soon_threadsafe(self._deliver, refusal, command.seq.handle)
         else:
-            aborted = self.engine.abort(command.request_id)
+            aborted = self.engine.abort(command.handle)
             if aborted is not None:
                 self._send(aborted)
         return True
@@ -226,8 +276,8 @@ class AsyncEngine:
         """A step raised: every running request ends with the error rather than hanging, and
         its blocks are freed; waiting requests keep their place."""
         for seq in list(self.engine.scheduler.running):
-            self.engine.abort(seq.request_id)
-            self.loop.call_soon_threadsafe(self._deliver, error, seq.request_id)
+            self.engine.abort(seq.handle)
+            self.loop.call_soon_threadsafe(self._deliver, error, seq.handle)
 
 
 def _resolve(future: asyncio.Future[int], value: int) -> None:

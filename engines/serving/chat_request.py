@@ -12,20 +12,28 @@ arguments follow the tool's schema.
 
 from __future__ import annotations
 
-import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import json_format
+from google.protobuf import json_format, struct_pb2
 
 from dpgate.v1 import generate_pb2
 from engines.chat.markers import ChatParsing
 from engines.chat.template import ChatTemplate
 from engines.chat.tools import ToolSpec, parse_tools
+from engines.grammar.spec import strict_json_loads
 from engines.sampling.params import InvalidRequestError, require
 from engines.scheduling.detokenizer import Decoder
 from engines.scheduling.sequence import Sequence
-from engines.serving.request_builder import ChatLike, ModelLimits, assemble_sequence, check_model
+from engines.serving.request_builder import (
+    ChatLike,
+    ModelLimits,
+    assemble_sequence,
+    check_model,
+    require_tokenizable,
+)
 
 _ROLES = {
     generate_pb2.CHAT_ROLE_SYSTEM: "system",
@@ -69,6 +77,12 @@ class ChatRun:
     max_tool_calls: int | None = None  # 1 with parallel_tool_calls false; None: no limit
 
 
+def run_here(function: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Grammar work run in the calling thread (tests, tools); the server passes the grammar
+    compiler's budgeted child processes instead."""
+    return function(*args)
+
+
 def build_chat(
     request: ChatLike,
     limits: ModelLimits,
@@ -76,7 +90,12 @@ def build_chat(
     template: ChatTemplate,
     parsing: ChatParsing,
     tenant: str = "",
+    grammar_work: Callable[[Callable[..., Any], tuple[Any, ...]], Any] = run_here,
 ) -> ChatRun:
+    """Validate and render a chat request into a sequence. Runs off the event loop (it tokenizes
+    and may build a tool-call grammar); `grammar_work` runs the xgrammar conversion, which for a
+    deeply nested tool schema takes as long as a compile, within the compile budget. `tenant`: the
+    gateway's x-dpgate-tenant (with cache_salt, the prefix cache's extra keys)."""
     check_model(request.model, limits)
     messages = [_message(index, message) for index, message in enumerate(request.messages)]
     require(bool(messages), "messages must hold at least one message")
@@ -91,6 +110,7 @@ def build_chat(
     kwargs = _kwargs(request)
     wire_tools = [tool.as_template_tool() for tool in tools]
     rendered = template.render(messages, wire_tools or None, kwargs)
+    require_tokenizable(rendered.text, limits, "messages")
     prompt_ids = list(tokenizer(rendered.text, add_special_tokens=False).input_ids)
     require(bool(prompt_ids), "messages must render to a prompt of at least one token")
     # Chat's default max_tokens is the rest of the context window, as OpenAI's and vLLM's chat is:
@@ -105,8 +125,8 @@ def build_chat(
         from engines.chat.tool_grammar import tool_call_grammar  # imports xgrammar (2 s): not at start-up
 
         choice_name = choice.removeprefix("name:")
-        sequence.grammar_spec = tool_call_grammar(
-            tools, choice_name, parsing.markers, thinking=rendered.thinking, parallel=_parallel(request)
+        sequence.grammar_spec = grammar_work(
+            tool_call_grammar, (tools, choice_name, parsing.markers, rendered.thinking, _parallel(request))
         )
         require(
             bool(sequence.stop_token_ids),
@@ -150,8 +170,8 @@ def _past_call(field: str, call: generate_pb2.ToolCall) -> dict[str, Any]:
 
 def _json_object(text: str, field: str) -> dict[str, Any]:
     try:
-        value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+        value = strict_json_loads(text)
+    except (ValueError, RecursionError):  # not JSON, or NaN / Infinity
         raise InvalidRequestError(f"{field} must be a JSON object, but it is not valid JSON") from None
     require(isinstance(value, dict), f"{field} must be a JSON object")
     return value
@@ -186,6 +206,7 @@ def _tool_choice(request: ChatLike, tools: list[ToolSpec]) -> str:
 def _kwargs(request: ChatLike) -> dict[str, Any] | None:
     if not request.HasField("chat_template_kwargs"):
         return None
+    _require_finite(request.chat_template_kwargs, "chat_template_kwargs")
     kwargs = json_format.MessageToDict(request.chat_template_kwargs)
     for key in kwargs:
         require(
@@ -198,3 +219,25 @@ def _kwargs(request: ChatLike) -> dict[str, Any] | None:
 def _parallel(request: ChatLike) -> bool:
     """parallel_tool_calls: absent means true (OpenAI's default)."""
     return request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
+
+
+def _require_finite(value: struct_pb2.Struct | struct_pb2.ListValue | struct_pb2.Value, field: str) -> None:
+    """A Struct may hold NaN or Infinity (protobuf's double), which JSON cannot: refuse it naming
+    the place, rather than letting the conversion to JSON fail as an engine error."""
+    if isinstance(value, struct_pb2.Struct):
+        for key, item in value.fields.items():
+            _require_finite(item, f"{field}.{key}")
+    elif isinstance(value, struct_pb2.ListValue):
+        for index, item in enumerate(value.values):
+            _require_finite(item, f"{field}[{index}]")
+    else:
+        kind = value.WhichOneof("kind")
+        if kind == "number_value":
+            require(
+                math.isfinite(value.number_value),
+                f"{field} is {value.number_value}: NaN and Infinity are not JSON values",
+            )
+        elif kind == "struct_value":
+            _require_finite(value.struct_value, field)
+        elif kind == "list_value":
+            _require_finite(value.list_value, field)

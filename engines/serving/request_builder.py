@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from dpgate.v1 import generate_pb2
 from engines.grammar.spec import (
@@ -17,7 +18,14 @@ from engines.grammar.spec import (
 )
 from engines.kv.block_manager import PrefixState
 from engines.kv.prefix_hash import extra_keys
-from engines.sampling.params import InvalidRequestError, SamplingParams, StoppingParams, require
+from engines.sampling.params import (
+    DEFAULT_MAX_STOP_STRING_BYTES,
+    DEFAULT_MAX_STOP_STRINGS,
+    InvalidRequestError,
+    SamplingParams,
+    StoppingParams,
+    require,
+)
 from engines.scheduling.detokenizer import Decoder
 from engines.scheduling.sequence import Sequence
 
@@ -41,6 +49,11 @@ class ModelLimits:
     vocab_size: int
     max_model_len: int
     eos_token_ids: frozenset[int]
+    max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS  # --max-stop-strings
+    max_stop_string_bytes: int = DEFAULT_MAX_STOP_STRING_BYTES  # --max-stop-string-bytes
+    # Text longer than this cannot fit the context whatever it tokenizes to (`max_prompt_chars`):
+    # it is refused before the tokenizer spends seconds on it. None: no such bound known.
+    max_prompt_chars: int | None = None
 
 
 GenerateLike = generate_pb2.GenerateRequest | generate_pb2.GenerateStreamRequest
@@ -80,7 +93,13 @@ def assemble_sequence(
     sampling = _sampling_params(request)
     sampling.validate(limits.vocab_size)
     stopping = _stopping_params(request, room=limits.max_model_len - len(prompt_ids), default=default_max_tokens)
-    stopping.validate(limits.vocab_size, len(prompt_ids), limits.max_model_len)
+    stopping.validate(
+        limits.vocab_size,
+        len(prompt_ids),
+        limits.max_model_len,
+        max_stop_strings=limits.max_stop_strings,
+        max_stop_string_bytes=limits.max_stop_string_bytes,
+    )
     stop_token_ids = set(stopping.stop_token_ids)
     if not stopping.ignore_eos:
         stop_token_ids |= limits.eos_token_ids
@@ -124,6 +143,7 @@ def _prompt_ids(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder) 
     kind = request.WhichOneof("prompt")
     if kind == "text":
         require(request.text != "", "prompt text must not be empty")
+        require_tokenizable(request.text, limits, "prompt text")
         ids = list(tokenizer(request.text).input_ids)
         require(bool(ids), "prompt text must encode to at least one token")
     elif kind == "token_ids":
@@ -171,3 +191,28 @@ def _stopping_params(request: GenerateLike | ChatLike, room: int, default: int |
         stop_token_ids=frozenset(wire.stop_token_ids),
         ignore_eos=wire.ignore_eos,
     )
+
+
+# A normalizer may compose a few characters into one before tokenizing (NFKC: "e" + U+0301 -> "é");
+# the bound allows for four, far more than any composition merges.
+_NORMALIZER_SLACK = 4
+
+
+def max_prompt_chars(tokenizer: Any, max_model_len: int) -> int:
+    """The most characters a text can have and still encode to fewer than `max_model_len` tokens.
+    No token stands for more characters than its longest vocabulary string has (byte-level BPE
+    writes a byte per character, SentencePiece a character per character, byte fallbacks more),
+    so a text with more than (max_model_len - 1) x that x the slack cannot fit."""
+    longest = max((len(token) for token in tokenizer.get_vocab()), default=1)
+    return (max_model_len - 1) * max(1, longest) * _NORMALIZER_SLACK
+
+
+def require_tokenizable(text: str, limits: ModelLimits, field: str) -> None:
+    """Refuse, without tokenizing, text too long to fit the model's context: a 4 MB prompt took
+    6.4 s to tokenize before it could be refused (issue 22)."""
+    if limits.max_prompt_chars is not None:
+        require(
+            len(text) <= limits.max_prompt_chars,
+            f"{field} has {len(text)} characters, more than any prompt that fits the model's context of "
+            f"{limits.max_model_len} tokens can have ({limits.max_prompt_chars})",
+        )

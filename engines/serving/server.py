@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import threading
 import time
 
 import grpc
@@ -32,9 +33,10 @@ from engines.model.numerics import Numerics, NumericsError, choose_numerics
 from engines.model.source import resolve_model
 from engines.runner.thread_choice import ThreadChoice, ThreadSource
 from engines.serving.async_engine import AsyncEngine
+from engines.serving.engine_lock import EngineLock
 from engines.serving.engine_thread import EngineThread
 from engines.serving.metrics import EngineMetrics
-from engines.serving.request_builder import ModelLimits
+from engines.serving.request_builder import ModelLimits, max_prompt_chars
 from engines.serving.servicers import INTERNAL_MESSAGE, ControlServicer, InferenceServicer, invalid_body_counter
 from engines.serving.startup import freeze_startup_heap, start_model
 from engines.serving.tokenizer_export import tokenizer_message
@@ -68,11 +70,22 @@ def numerics_for(config: EngineConfig) -> Numerics:
         raise ConfigError(str(error)) from error
 
 
+def _warm_up_grammars(grammars: GrammarCompiler) -> None:
+    try:
+        grammars.warm_up()
+    except Exception:  # the first grammar will try again, and report what fails then
+        logger.exception("starting the grammar compiler failed")
+
+
 async def serve(config: EngineConfig) -> int:
     started = time.monotonic()
     source = resolve_model(config.model, config.served_model_name)
     metrics = EngineMetrics()
-    server = grpc.aio.server(interceptors=(ServicerGuard(INTERNAL_MESSAGE, invalid_body_counter(metrics)),))
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if config.engine_token is not None:
+        interceptors.append(EngineLock(config.engine_token))
+    interceptors.append(ServicerGuard(INTERNAL_MESSAGE, invalid_body_counter(metrics)))
+    server = grpc.aio.server(interceptors=tuple(interceptors))
     address = f"{config.host}:{config.port}"
     try:
         server.add_insecure_port(address)
@@ -96,7 +109,12 @@ async def serve(config: EngineConfig) -> int:
     logger.info("numerics: %s, on %s", numerics.describe(), cpu_info().describe())
     logger.info("threads: %s", model.threads.describe())
     tokenizer = loaded.tokenizer
-    grammars = GrammarCompiler(tokenizer.tokenizer, loaded.config.vocab_size, tokenizer.eos_token_ids)
+    grammars = GrammarCompiler(
+        tokenizer.tokenizer,
+        loaded.config.vocab_size,
+        tokenizer.eos_token_ids,
+        budget_s=config.grammar_compile_timeout_s,
+    )
     plan = loaded.plan
     fingerprint = await asyncio.to_thread(model_fingerprint, source, numerics, plan.dcp_size, plan.interleave)
     core = LLMEngine(runner, config.scheduler_config, config.prefix_caching, fingerprint)
@@ -104,7 +122,15 @@ async def serve(config: EngineConfig) -> int:
     freeze_startup_heap()
     metrics.watch(engine)
     metrics.set_identity(config.data_parallel_rank, config.data_parallel_size, source.name, __version__)
-    limits = ModelLimits(source.name, loaded.config.vocab_size, max_model_len, tokenizer.eos_token_ids)
+    limits = ModelLimits(
+        source.name,
+        loaded.config.vocab_size,
+        max_model_len,
+        tokenizer.eos_token_ids,
+        max_stop_strings=config.max_stop_strings,
+        max_stop_string_bytes=config.max_stop_string_bytes,
+        max_prompt_chars=max_prompt_chars(tokenizer.tokenizer, max_model_len),
+    )
 
     server_info = control_pb2.GetServerInfoResponse(
         version=__version__,
@@ -167,6 +193,14 @@ async def serve(config: EngineConfig) -> int:
     await server.start()
     for name in ("", *SERVICE_NAMES):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    # Once serving (start-up stays as fast as before), off the loop and the engine thread: the
+    # grammar workers start, so the first grammar does not wait for xgrammar to load.
+    threading.Thread(target=_warm_up_grammars, args=(grammars,), name="dpgate-grammar-warm-up", daemon=True).start()
+    if config.engine_token is None:  # said once serving, so a refused flag still prints one sentence
+        logger.warning(
+            "no engine token (--engine-token-file or $DPGATE_ENGINE_TOKEN): anyone who can reach this port "
+            "can call the engine directly, bypassing the gateway's keys and limits"
+        )
     logger.info(
         "engine rank %d/%d serving %s on %s (%s, %s weights, max_model_len %d, %d KV blocks of %d) after %.1f s",
         config.data_parallel_rank,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 
@@ -38,7 +39,7 @@ from engines.sampling.tokens import SampledToken
 from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError
 from engines.scheduling.sequence import FinishReason, Sequence, StepOutput
 from engines.serving.async_engine import AsyncEngine, EngineFailedError
-from engines.serving.chat_request import ChatRun, ToolCallsOffError, build_chat
+from engines.serving.chat_request import ChatRun, ToolCallsOffError, build_chat, run_here
 from engines.serving.kv_watch import watch_kv_events
 from engines.serving.metrics import EngineMetrics
 from engines.serving.request_builder import (
@@ -51,6 +52,7 @@ from engines.serving.request_builder import (
 
 logger = logging.getLogger(__name__)
 request_logger = logging.getLogger("dpgate.engine.requests")
+
 
 STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
     InvalidRequestError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -179,6 +181,11 @@ def wire_tool_call(call: ParsedToolCall) -> generate_pb2.ToolCall:
     return generate_pb2.ToolCall(id=call.id, name=call.name, arguments=call.arguments)
 
 
+def _ignoring_event(build: Callable[..., Sequence], *args: object) -> Sequence:
+    """A builder that has no grammar work to stop: the cancel event (last argument) is not needed."""
+    return build(*args[:-1])
+
+
 class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
     """Generate and Chat share one run path (`_run`): validation, metrics, the request's log line,
     and aborting the request in the engine when the client goes away. `chat_template` is None when
@@ -204,7 +211,9 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
 
     async def Generate(self, request: generate_pb2.GenerateRequest, context: grpc.aio.ServicerContext):
         response = generate_pb2.GenerateResponse()
-        build = functools.partial(build_sequence, request, self.limits, self.tokenizer, request_tenant(context))
+        build = functools.partial(
+            _ignoring_event, build_sequence, request, self.limits, self.tokenizer, request_tenant(context)
+        )
         async for _, output in self._run("Generate", build, context):
             response.request_id = output.request_id
             response.text += output.text
@@ -219,7 +228,9 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         self, request: generate_pb2.GenerateStreamRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[generate_pb2.GenerateStreamResponse]:
         first = True
-        build = functools.partial(build_sequence, request, self.limits, self.tokenizer, request_tenant(context))
+        build = functools.partial(
+            _ignoring_event, build_sequence, request, self.limits, self.tokenizer, request_tenant(context)
+        )
         async for seq, output in self._run("GenerateStream", build, context):
             if first:
                 prompt = generate_pb2.PromptInfo(
@@ -235,11 +246,16 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             if output.finish_reason is not None:
                 yield generate_pb2.GenerateStreamResponse(finish=finish_info(output))
 
-    def _chat_run(self, request: ChatLike, context: grpc.aio.ServicerContext) -> ChatRun:
+    def _chat_run(self, request: ChatLike, context: grpc.aio.ServicerContext, cancelled: threading.Event) -> ChatRun:
         if self.chat_template is None:
             raise NoChatTemplateError()
+        grammar_work = run_here
+        if self.engine.grammars is not None:
+            grammar_work = functools.partial(self.engine.grammars.run, cancelled=cancelled)
         tenant = request_tenant(context)
-        return build_chat(request, self.limits, self.tokenizer, self.chat_template, self.chat_parsing, tenant)
+        return build_chat(
+            request, self.limits, self.tokenizer, self.chat_template, self.chat_parsing, tenant, grammar_work
+        )
 
     def _parser(self, run: ChatRun) -> ChatOutputParser:
         return ChatOutputParser.for_parsing(run.parsing, run.thinking, request_id=run.sequence.request_id)
@@ -249,8 +265,8 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         runs: list[ChatRun] = []
         text = ""
 
-        def build() -> Sequence:
-            runs.append(self._chat_run(request, context))
+        def build(cancelled: threading.Event) -> Sequence:
+            runs.append(self._chat_run(request, context, cancelled))
             return runs[0].sequence
 
         async for _, output in self._run("Chat", build, context):
@@ -274,8 +290,8 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
     ) -> AsyncIterator[generate_pb2.ChatStreamResponse]:
         runs: list[ChatRun] = []
 
-        def build() -> Sequence:
-            runs.append(self._chat_run(request, context))
+        def build(cancelled: threading.Event) -> Sequence:
+            runs.append(self._chat_run(request, context, cancelled))
             return runs[0].sequence
 
         parser: ChatOutputParser | None = None
@@ -301,9 +317,9 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             if output.finish_reason is not None:
                 yield generate_pb2.ChatStreamResponse(finish=finish_info(output))
 
-    async def _run(self, rpc: str, build: Callable[[], Sequence], context: grpc.aio.ServicerContext):
-        """Build (validating), run and yield (sequence, step output); every failure becomes one status
-        with a message."""
+    async def _run(self, rpc: str, build: Callable[[threading.Event], Sequence], context: grpc.aio.ServicerContext):
+        """Build (validating, off the event loop), run and yield (sequence, step output); every
+        failure becomes one status with a message. `build` gets an event set when the call ends."""
         code = grpc.StatusCode.OK
         arrived = time.perf_counter()
         first_token_at: float | None = None
@@ -312,10 +328,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         request_id_var.set(request_id)  # this call's task only: grpc.aio runs each call in its own task
         context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))
         try:
-            seq = build()
-            if self.engine.is_active(seq.request_id):
-                raise InvalidRequestError(f"request_id {seq.request_id!r} is already in use by a running request")
-            async for output in self.engine.generate(seq):
+            async for seq, output in self.engine.run(build):
                 if first_token_at is None and output.token_ids:
                     first_token_at = time.perf_counter()
                     self.metrics.ttft.observe(first_token_at - arrived)
@@ -372,7 +385,7 @@ class ControlServicer(control_pb2_grpc.ControlServiceServicer):
         blocks = self.engine.blocks
         return control_pb2.GetLoadResponse(
             num_running=self.engine.num_running,
-            num_waiting=self.engine.num_waiting,
+            num_waiting=self.engine.num_waiting + self.engine.num_preparing,
             kv_usage=self.engine.kv_usage,
             num_used_blocks=blocks.num_used,
             num_cached_free_blocks=blocks.num_cached_free,

@@ -69,7 +69,6 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
         self._num_unacked_settings = 0
         self._peer_goaway_last_id: int | None = None
         self.goaway_received = False
-        self._is_write_paused = False
         self._num_replies_while_paused = 0
         now = self._loop.time()
         self._reset_budget = (
@@ -122,6 +121,7 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._is_write_paused = False
+        self._deliver_credits()  # bytes written while paused have now left: their credit goes back
 
     def data_received(self, data: bytes) -> None:
         if self.is_closed:

@@ -34,6 +34,10 @@ class Http2Sender:
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self._blocked: set[Stream] = set()
+        # (stream, bytes) of DATA queued but not yet taken by an unpaused transport: a stream hears
+        # `on_sent` (and an engine gets its credit back) only once the bytes really left.
+        self._credits: list[tuple[Stream, int]] = []
+        self._is_write_paused = False  # the transport's buffer is over its high-water mark
         self.ids = StreamIds(self.is_client)
         self.is_closed = False
         self.has_sent_data = False  # HEADERS or DATA written since the owner last cleared it
@@ -52,6 +56,14 @@ class Http2Sender:
         if out and not self.is_closed and self.transport is not None:
             self._out = []
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+        if not self._is_write_paused:  # (a write above may have paused it: then credit waits)
+            self._deliver_credits()
+
+    def _deliver_credits(self) -> None:
+        """Tell each stream its bytes left (the transport took them and is not paused)."""
+        credits, self._credits = self._credits, []
+        for stream, num_bytes in credits:
+            stream.on_sent(num_bytes)
 
     def add_stream(self, stream: Stream, stream_id: int) -> None:
         stream.stream_id = stream_id
@@ -102,7 +114,7 @@ class Http2Sender:
             self.write(f.pack_frame(f.DATA, f.END_STREAM if end_stream else 0, stream.stream_id, data))
             if end_stream:
                 self._close_local(stream)
-            stream.on_sent(length)
+            self._credits.append((stream, length))
             return
         if stream.pending is None:
             stream.pending = deque()
@@ -134,7 +146,7 @@ class Http2Sender:
             self.write(f.pack_frame(f.DATA, f.END_STREAM if end_stream else 0, stream.stream_id, data))
             if end_stream:
                 self._close_local(stream)
-            stream.on_sent(len(data))
+            self._credits.append((stream, len(data)))
         stream.pending = None
         self._blocked.discard(stream)
 
@@ -147,6 +159,8 @@ class Http2Sender:
         stream.is_local_closed = stream.is_remote_closed = True
         stream.pending = None
         self._blocked.discard(stream)
+        if self._credits:  # a reset stream's bytes will not be sent: nothing to credit
+            self._credits = [(s, n) for s, n in self._credits if s is not stream]
 
     def reset_stream(self, stream: Stream, error_code: int = f.CANCEL) -> None:
         """End a stream at once (no event is delivered to it)."""

@@ -158,3 +158,26 @@ def test_services_and_budgets_select_their_pods(manifest):
         service = manifest[f"Service/dpgate-{component}"]
         assert {port["targetPort"] for port in service["spec"]["ports"]} <= names
     assert {"PodDisruptionBudget/dpgate-engine", "PodDisruptionBudget/dpgate-gateway"} <= manifest.keys()
+
+
+def test_engines_and_gateways_share_the_engine_token_from_a_secret(manifest):
+    """Engines refuse calls without the token (dpgate/engine_token.py); both read it from one Secret."""
+    for name in ("StatefulSet/dpgate-engine", "Deployment/dpgate-gateway"):
+        env = {item["name"]: item for item in container(manifest[name]).get("env", [])}
+        source = env["DPGATE_ENGINE_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert source == {"name": "dpgate-engine-token", "key": "token"}, name  # not optional: pods wait for it
+
+
+def test_only_gateway_pods_may_reach_the_engines_grpc_port(manifest):
+    policy = manifest["NetworkPolicy/dpgate-engine"]
+    engine = manifest["StatefulSet/dpgate-engine"]
+    gateway = manifest["Deployment/dpgate-gateway"]
+    assert policy["spec"]["podSelector"]["matchLabels"] == engine["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    grpc_port = next(p["containerPort"] for p in container(engine)["ports"] if p["name"] == "grpc")
+    rules = [rule for rule in policy["spec"]["ingress"] if any(p["port"] == grpc_port for p in rule["ports"])]
+    assert len(rules) == 1
+    (peer,) = rules[0]["from"]
+    assert peer == {"podSelector": {"matchLabels": gateway["spec"]["template"]["metadata"]["labels"]}}
+    open_ports = {p["port"] for rule in policy["spec"]["ingress"] if "from" not in rule for p in rule["ports"]}
+    assert grpc_port not in open_ports

@@ -58,7 +58,9 @@ def run_to_completion(engine: LLMEngine, abort_at: dict[str, int] | None = None)
     while engine.has_work:
         for request_id, step in (abort_at or {}).items():
             if step == steps:
-                engine.abort(request_id)
+                live = [*engine.scheduler.running, *engine.scheduler.waiting]
+                for seq in [seq for seq in live if seq.request_id == request_id]:
+                    engine.abort(seq.handle)
         for output in engine.step():
             sampled.setdefault(output.request_id, []).extend(output.logprobs)
         steps += 1

@@ -53,8 +53,11 @@ class Answer:
 class RawCall:
     """One connection carrying one call on stream 1."""
 
-    def __init__(self, port: int, path: str, extra_headers: tuple[tuple[str, str], ...] = ()) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    def __init__(
+        self, port: int, path: str, extra_headers: tuple[tuple[str, str], ...] = (), source_host: str | None = None
+    ) -> None:
+        source = (source_host, 0) if source_host is not None else None  # another loopback address: another peer
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=source)
         self._buffer = b""
         self._decoder = hpack.Decoder()
         self.answer = Answer()

@@ -82,7 +82,7 @@ def read_dockerfile(path: Path = ROOT / "Dockerfile") -> ImageSpec:
 
 
 _VARIABLE = re.compile(r"\$\$|\$\{([^}]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
-_SIMPLE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)(.*))?$", re.DOTALL)
+_SIMPLE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])(.*))?$", re.DOTALL)
 
 
 def interpolate(text: str, environment: dict[str, str]) -> str:
@@ -102,6 +102,8 @@ def interpolate(text: str, environment: dict[str, str]) -> str:
             return default
         if operator == "-" and value is None:
             return default
+        if operator in (":?", "?") and (value is None or (operator == ":?" and not value)):
+            raise ValueError(f"compose.yaml: {name} must be set: {default}")
         return value or ""
 
     return _VARIABLE.sub(replace, text)

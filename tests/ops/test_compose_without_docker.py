@@ -38,7 +38,8 @@ def _engine_generate_calls(metrics_port: int) -> float:
 
 
 def test_compose_stack_serves_both_ranks(tiny_model_dir: Path, tmp_path: Path) -> None:
-    services = read_compose({**os.environ, "DPGATE_MODEL": str(tiny_model_dir)})
+    token = "compose-test-token"
+    services = read_compose({**os.environ, "DPGATE_MODEL": str(tiny_model_dir), "DPGATE_ENGINE_TOKEN": token})
     commands = {name: list_form(s.get("command"), name) for name, s in services.items() if not s.get("profiles")}
     engines = {int(_flag(c, "--data-parallel-rank")): name for name, c in commands.items() if c[0] == "engine"}
     assert sorted(engines) == [0, 1]
@@ -64,3 +65,22 @@ def test_compose_stack_serves_both_ranks(tiny_model_dir: Path, tmp_path: Path) -
         gateway_metrics = scrape(stack.ports("gateway", _flag(commands["gateway"], "--metrics-port")))
         assert gateway_metrics['dpgate_gateway_routed_requests_total{rank="0"}'] >= 1
         assert gateway_metrics['dpgate_gateway_routed_requests_total{rank="1"}'] >= 1
+        for rank, name in engines.items():  # an engine serves only calls carrying the token
+            engine = f"127.0.0.1:{stack.ports(name, _flag(commands[name], '--port'))}"
+            with grpc.insecure_channel(engine) as channel:
+                try:
+                    inference_stub(channel).Generate(generate_request(max_tokens=1), timeout=10)
+                except grpc.RpcError as error:
+                    assert error.code() == grpc.StatusCode.UNAUTHENTICATED, (rank, error.code())
+                else:
+                    raise AssertionError(f"engine rank {rank} served a call without the engine token")
+
+
+def test_compose_refuses_to_start_without_an_engine_token() -> None:
+    environment = {key: value for key, value in os.environ.items() if key != "DPGATE_ENGINE_TOKEN"}
+    try:
+        read_compose(environment)
+    except ValueError as error:
+        assert "DPGATE_ENGINE_TOKEN must be set" in str(error)
+    else:
+        raise AssertionError("compose.yaml read without DPGATE_ENGINE_TOKEN")

@@ -33,7 +33,7 @@ from tests.ops.local_stack import LOCAL_ONLY_ENV, PortMap, localize, program_arg
 from tests.support.gateway_processes import free_port
 
 SPEC = read_dockerfile()
-SERVICES = read_compose(dict(os.environ))
+SERVICES = read_compose({**os.environ, "DPGATE_ENGINE_TOKEN": "a-test-token"})
 DEFAULT_SERVICES = {name: s for name, s in SERVICES.items() if not s.get("profiles")}
 
 
@@ -132,8 +132,11 @@ def test_prometheus_scrapes_every_metrics_port() -> None:
 def test_interpolation_follows_compose() -> None:
     env = {"SET": "x", "EMPTY": ""}
     assert interpolate("${SET:-d} ${EMPTY:-d} ${UNSET:-d} ${EMPTY-d} ${UNSET-d} $SET $$SET", env) == "x d d  d x $SET"
+    assert interpolate("${SET:?required}", env) == "x"
+    with pytest.raises(ValueError, match="EMPTY must be set: required"):
+        interpolate("${EMPTY:?required}", env)
     with pytest.raises(ValueError, match="not a substitution"):
-        interpolate("${SET:?required}", env)
+        interpolate("${SET:+alternative}", env)
 
 
 def test_localize_changes_only_hosts_and_ports() -> None:

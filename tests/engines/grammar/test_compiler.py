@@ -37,7 +37,7 @@ class FakeBackend:
     threads: list[str] = field(default_factory=list)
     fail_with: Exception | None = None
 
-    def compile(self, spec: GrammarSpec):
+    def compile(self, spec: GrammarSpec, cancelled=None):
         self.gate.wait(timeout=10)
         self.compiled.append(spec)
         self.threads.append(threading.current_thread().name)
@@ -157,3 +157,22 @@ def test_every_kind_compiles_on_the_real_vocabulary(smollm2_compiler):
     specs += [choice_spec(['say "hi"', "été"]), GrammarSpec(GrammarKind.JSON_OBJECT, "")]
     for spec in specs:
         assert smollm2_compiler.submit(spec).result().memory_size_bytes > 0
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        RuntimeError("[10:03:11] /project/cpp/json_schema_converter.cc:812: Check failed: (error.empty()) is false: "),
+        RuntimeError(""),
+        ValueError(),
+    ],
+)
+def test_an_internal_failure_of_the_grammar_library_reads_as_a_sentence(failure):
+    backend = FakeBackend(fail_with=failure)
+    backend.gate.set()
+    with pytest.raises(InvalidGrammarError) as error:
+        fake_compiler(backend).submit(json_schema_spec('{"type": "string"}')).result()
+    message = str(error.value)
+    assert message.startswith("structured_output.json_schema does not compile: "), message
+    for leak in ("Check failed", "error.empty", "RuntimeError", "ValueError", ".cc"):
+        assert leak not in message, message

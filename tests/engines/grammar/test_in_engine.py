@@ -295,9 +295,9 @@ class GatedBackend:
         self.backend = backend
         self.gate = threading.Event()
 
-    def compile(self, spec):
+    def compile(self, spec, cancelled=None):
         self.gate.wait(timeout=60)
-        return self.backend.compile(spec)
+        return self.backend.compile(spec, cancelled)
 
     def size_of(self, compiled) -> int:
         return self.backend.size_of(compiled)

@@ -101,13 +101,13 @@ def test_logprobs_are_the_raw_model_distribution_with_top_alternatives():
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        (SamplingParams(temperature=-0.1), "sampling.temperature must be >= 0"),
-        (SamplingParams(temperature=float("nan")), "sampling.temperature must be >= 0"),
+        (SamplingParams(temperature=-0.1), "sampling.temperature must be 0 (greedy) or in [0.001, 100]"),
+        (SamplingParams(temperature=float("nan")), "sampling.temperature must be 0 (greedy) or in [0.001, 100]"),
         (SamplingParams(top_k=-1), "sampling.top_k must be >= 0 (0 disables it)"),
         (SamplingParams(top_p=0.0), "sampling.top_p must be in (0, 1]"),
         (SamplingParams(top_p=1.5), "sampling.top_p must be in (0, 1]"),
         (SamplingParams(min_p=2.0), "sampling.min_p must be in [0, 1]"),
-        (SamplingParams(repetition_penalty=0.0), "sampling.repetition_penalty must be > 0"),
+        (SamplingParams(repetition_penalty=0.0), "sampling.repetition_penalty must be in [0.01, 100]"),
         (SamplingParams(presence_penalty=3.0), "sampling.presence_penalty must be in [-2, 2]"),
         (SamplingParams(frequency_penalty=-3.0), "sampling.frequency_penalty must be in [-2, 2]"),
         (SamplingParams(logit_bias={VOCAB: 1.0}), f"sampling.logit_bias token id {VOCAB} must be < vocab size {VOCAB}"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import pytest
@@ -18,6 +19,7 @@ class FakeSequence:
     request_id: str
     prompt_ids: list[int]
     max_tokens: int = 8
+    handle: int = field(default_factory=itertools.count(1).__next__)
     output_ids: list[int] = field(default_factory=list)
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
@@ -111,9 +113,9 @@ def test_abort_frees_blocks_of_running_and_waiting_sequences():
     scheduler.add(running)
     scheduler.add(waiting)
     run_step(scheduler)
-    assert scheduler.abort("r") is running and scheduler.block_manager.num_free_blocks == 4
-    assert scheduler.abort("w") is waiting and not scheduler.has_work
-    assert scheduler.abort("missing") is None
+    assert scheduler.abort(running.handle) is running and scheduler.block_manager.num_free_blocks == 4
+    assert scheduler.abort(waiting.handle) is waiting and not scheduler.has_work
+    assert scheduler.abort(running.handle) is None
 
 
 def test_a_request_that_cannot_fit_even_alone_is_refused():

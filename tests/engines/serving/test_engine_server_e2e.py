@@ -296,7 +296,7 @@ BAD_INPUTS = [
     (
         pb.GenerateRequest(text="x", sampling=pb.SamplingParams(temperature=-0.5)),
         grpc.StatusCode.INVALID_ARGUMENT,
-        "sampling.temperature must be >= 0",
+        "sampling.temperature must be 0 (greedy) or in [0.001, 100]",
     ),
     (
         pb.GenerateRequest(text="x", sampling=pb.SamplingParams(top_p=0.0)),

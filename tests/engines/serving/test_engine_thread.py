@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engines.kv.block_manager import BlockManager
+from engines.scheduling.scheduler import Scheduler, SchedulerConfig
 from engines.serving.async_engine import AsyncEngine
 from engines.serving.engine_thread import EngineThread
 
@@ -51,6 +52,7 @@ class RecordingEngine:
         self.num_running = self.num_waiting = 0
         self.kv_usage = 0.0
         self.block_manager = BlockManager(num_blocks=4, block_size=16)  # the bridge reports its counts
+        self.scheduler = Scheduler(SchedulerConfig(), self.block_manager)  # its max_waiting bounds preparing
 
     def step(self):
         self.step_threads.add(threading.current_thread())

@@ -59,7 +59,10 @@ BAD_REQUESTS = [
         {"text": "x", "stopping": pb.StoppingCriteria(stop_token_ids=[60000])},
         "stopping.stop_token_ids 60000 must be < vocab size 49152",
     ),
-    ({"text": "x", "sampling": pb.SamplingParams(temperature=-1)}, "sampling.temperature must be >= 0"),
+    (
+        {"text": "x", "sampling": pb.SamplingParams(temperature=-1)},
+        "sampling.temperature must be 0 (greedy) or in [0.001, 100]",
+    ),
     ({"text": "x", "sampling": pb.SamplingParams(top_p=0)}, "sampling.top_p must be in (0, 1]"),
     ({"text": "x", "sampling": pb.SamplingParams(top_p=1.01)}, "sampling.top_p must be in (0, 1]"),
     ({"text": "x", "sampling": pb.SamplingParams(top_k=-1)}, "sampling.top_k must be >= 0 (0 disables it)"),

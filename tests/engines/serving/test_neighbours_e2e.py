@@ -1,0 +1,295 @@
+"""One client cannot hurt another (issue 22), over real gRPC, on an engine alone and through
+`dpgate serve` (gateway + engine, token-locked): while a background
+client sends a small Generate every 0.1 s and probes health every 0.05 s, an adversarial client
+sends poison sampling parameters, a prompt of millions of characters, a JSON schema nested 400
+deep, NaN in chat_template_kwargs, 100,000 stop strings and request ids reused right after a
+cancel. Each attack is refused with its own code (never INTERNAL) or gets only its own output;
+the background client sees no failure and no stall, and health never leaves SERVING; through
+the gateway, the engine's circuit breaker never leaves closed and the gateway never marks the
+engine unhealthy (the poisons are the client's fault, never the engine's).
+
+The figures (time to refuse each attack, the background's p99 during each) are printed with -s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from dpgate.v1 import generate_pb2 as pb
+from dpgate.v1 import generate_pb2_grpc
+from tests.support.gateway_processes import scrape
+from tests.support.processes import free_port, running
+
+BACKGROUND_P99_BOUND_S = 3.0  # generous: a busy 2-core CI machine; the stall before was 7-44 s
+
+
+def children_rss_mb(pid: int) -> float:
+    """The engine's child processes (its grammar workers), together."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            total += rss_mb(int(child))
+    return total
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Background:
+    """A neighbour: small calls and health probes, timed, on threads of its own."""
+
+    def __init__(self, address: str, metrics_port: int | None = None):
+        self.metrics_port = metrics_port
+        self.channel = grpc.insecure_channel(address)
+        self.inference = generate_pb2_grpc.InferenceServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.stop = threading.Event()
+        self.latencies: list[tuple[float, float]] = []  # (finished at, seconds)
+        self.failures: list[str] = []
+        self.threads = [threading.Thread(target=self._calls), threading.Thread(target=self._probes)]
+
+    def __enter__(self) -> Background:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+        self.channel.close()
+
+    def _calls(self) -> None:
+        request = pb.GenerateRequest(
+            token_ids=pb.TokenIds(ids=[1, 5, 6, 7]), stopping=pb.StoppingCriteria(max_tokens=4, ignore_eos=True)
+        )
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                reply = self.inference.Generate(request, timeout=30)
+                if len(reply.token_ids) != 4:
+                    self.failures.append(f"call: {len(reply.token_ids)} tokens")
+            except grpc.RpcError as error:
+                self.failures.append(f"call: {error.code().name} {error.details()}")
+            self.latencies.append((time.monotonic(), time.monotonic() - started))
+            self.stop.wait(0.1)
+
+    def _probes(self) -> None:
+        while not self.stop.is_set():
+            try:
+                status = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
+                if status != health_pb2.HealthCheckResponse.SERVING:
+                    self.failures.append(f"health: {status}")
+            except grpc.RpcError as error:
+                self.failures.append(f"health: {error.code().name}")
+            if self.metrics_port is not None:
+                self._check_gateway_view()
+            self.stop.wait(0.05)
+
+    def _check_gateway_view(self) -> None:
+        """The gateway's view of its engine: healthy, circuit closed (0), at every probe."""
+        for name, value in scrape(self.metrics_port).items():
+            if name.startswith("dpgate_gateway_circuit_state{") and value != 0:
+                self.failures.append(f"breaker: {name} = {value}")
+            if name.startswith("dpgate_gateway_engine_healthy{") and value != 1:
+                self.failures.append(f"engine health: {name} = {value}")
+
+    def p99_since(self, since: float) -> float:
+        window = sorted(seconds for at, seconds in self.latencies if at >= since)
+        return window[min(len(window) - 1, int(0.99 * len(window)))] if window else 0.0
+
+
+@dataclass
+class Target:
+    address: str
+    engine_pid: int  # whose RSS is measured
+    metrics_port: int | None = None  # the gateway's, when the calls go through one
+    gateway_pid: int | None = None  # `dpgate serve` runs its gateway in its own process
+
+
+def engine_pid_of(serve_pid: int) -> int:
+    for task in Path(f"/proc/{serve_pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"engine" in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+                return int(child)
+    raise AssertionError("dpgate serve started no engine")
+
+
+# Through the gateway only by default (it covers the engine too, plus the breaker and the engine
+# lock); DPGATE_NEIGHBOURS_ENGINE_ALONE=1 adds the engine alone, for its own figures.
+TARGETS = ["gateway", "engine"] if os.environ.get("DPGATE_NEIGHBOURS_ENGINE_ALONE") else ["gateway"]
+
+
+@pytest.fixture(scope="module", params=TARGETS)
+def target(request, tiny_model_dir):
+    port = free_port()
+    budget = ["--grammar-compile-timeout-s", "2"]
+    if request.param == "engine":
+        flags = ["engine", "--port", str(port), "--model", str(tiny_model_dir), *budget]
+        with running(flags, port, timeout=180) as proc:
+            yield Target(proc.address, proc.process.pid)
+    else:
+        metrics_port = free_port()
+        flags = ["serve", "--port", str(port), "--model", str(tiny_model_dir), "--metrics-port", str(metrics_port)]
+        with running([*flags, *budget], port, timeout=240) as proc:
+            yield Target(proc.address, engine_pid_of(proc.process.pid), metrics_port, proc.process.pid)
+
+
+def nested_schema_text(depth: int) -> str:
+    """xgrammar's conversion of this grows steeply: depth 400 took 5.7 s, 900 took 59 s."""
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return json.dumps({"type": "object", "properties": {"x": schema}})
+
+
+def chat(**fields) -> pb.ChatRequest:
+    return pb.ChatRequest(messages=[pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="hi")], **fields)
+
+
+def poison_attacks(inference) -> dict[str, tuple[grpc.StatusCode, str]]:
+    """name -> (code expected, a part of the message)."""
+    kwargs_nan = chat()
+    kwargs_nan.chat_template_kwargs.update({"x": float("nan")})
+    ids = pb.TokenIds(ids=[1, 2, 3])
+    return {
+        "temperature 1e-40": (
+            lambda: inference.Generate(
+                pb.GenerateRequest(token_ids=ids, sampling=pb.SamplingParams(temperature=1e-40))
+            ),
+            (grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
+        ),
+        "repetition_penalty 1e-40": (
+            lambda: inference.Generate(
+                pb.GenerateRequest(token_ids=ids, sampling=pb.SamplingParams(temperature=1.0, repetition_penalty=1e-40))
+            ),
+            (grpc.StatusCode.INVALID_ARGUMENT, "sampling.repetition_penalty"),
+        ),
+        "temperature inf, min_tokens 2": (
+            lambda: inference.Generate(
+                pb.GenerateRequest(
+                    token_ids=ids,
+                    sampling=pb.SamplingParams(temperature=float("inf")),
+                    stopping=pb.StoppingCriteria(min_tokens=2, max_tokens=4),
+                )
+            ),
+            (grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
+        ),
+        "4 MB prompt": (
+            lambda: inference.Generate(pb.GenerateRequest(text="word " * 800_000), timeout=60),
+            (grpc.StatusCode.INVALID_ARGUMENT, "prompt text has 4000000 characters"),
+        ),
+        "100,000 stop strings": (
+            lambda: inference.Generate(
+                pb.GenerateRequest(token_ids=ids, stopping=pb.StoppingCriteria(stop=[f"s{i}" for i in range(100_000)]))
+            ),
+            (grpc.StatusCode.INVALID_ARGUMENT, "--max-stop-strings"),
+        ),
+        "NaN in chat_template_kwargs": (
+            lambda: inference.Chat(kwargs_nan),
+            (grpc.StatusCode.INVALID_ARGUMENT, "chat_template_kwargs.x"),
+        ),
+        "json_schema nested 400 deep": (
+            lambda: inference.Generate(
+                pb.GenerateRequest(
+                    token_ids=ids, structured_output=pb.StructuredOutput(json_schema=nested_schema_text(400))
+                ),
+                timeout=120,
+            ),
+            (grpc.StatusCode.INVALID_ARGUMENT, "--grammar-compile-timeout-s"),
+        ),
+    }
+
+
+def test_attacks_are_refused_and_the_neighbour_never_notices(target):
+    pid = target.engine_pid
+    with (
+        grpc.insecure_channel(target.address) as channel,
+        Background(target.address, target.metrics_port) as background,
+    ):
+        inference = generate_pb2_grpc.InferenceServiceStub(channel)
+        time.sleep(1.0)
+        rss_before = rss_mb(pid)
+        gateway_before = rss_mb(target.gateway_pid) if target.gateway_pid else 0.0
+        figures = []
+        for name, (attack, (code, said)) in poison_attacks(inference).items():
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as refused:
+                attack()
+            elapsed = time.monotonic() - started
+            assert refused.value.code() == code, (name, refused.value.code(), refused.value.details())
+            assert said in refused.value.details(), (name, refused.value.details())
+            time.sleep(0.3)  # let the neighbour's next calls land in this attack's window
+            figures.append((name, elapsed, background.p99_since(started)))
+
+        started = time.monotonic()
+        reused_ok = reuse_ids_after_cancel(inference, trials=8)
+        figures.append(
+            ("request_id reused after cancel (8 trials)", time.monotonic() - started, background.p99_since(started))
+        )
+        time.sleep(1.0)
+        rss_after = rss_mb(pid)
+        grammar_workers_mb = children_rss_mb(pid)
+        gateway_after = rss_mb(target.gateway_pid) if target.gateway_pid else 0.0
+    print(f"\n-- through the {'gateway' if target.metrics_port else 'engine alone'}")
+    for name, elapsed, p99 in figures:
+        print(f"{name}: answered in {elapsed * 1000:.0f} ms; background p99 {p99 * 1000:.0f} ms")
+    latencies = [seconds for _, seconds in background.latencies]
+    print(
+        f"background: {len(latencies)} calls, {len(background.failures)} failures, "
+        f"median {statistics.median(latencies) * 1000:.0f} ms; engine RSS {rss_before:.0f} -> {rss_after:.0f} MB "
+        f"(+ its grammar worker processes {grammar_workers_mb:.0f} MB); gateway RSS {gateway_before:.0f} -> "
+        f"{gateway_after:.0f} MB"
+    )
+    assert reused_ok == 8
+    assert background.failures == []
+    assert max(p99 for _, _, p99 in figures) < BACKGROUND_P99_BOUND_S, figures
+    assert rss_after < rss_before + 300, (rss_before, rss_after)
+    assert gateway_after < gateway_before + 100, (gateway_before, gateway_after)
+
+
+def reuse_ids_after_cancel(inference, trials: int) -> int:
+    """Stream A with an id, cancel after 3 messages, at once stream B with the same id: B must end
+    with its own LENGTH finish and its own token count (it got A's ABORTED output in 24 of 36)."""
+    ok = 0
+    for trial in range(trials):
+        request_id = f"reuse-{os.getpid()}-{trial}"
+        a = inference.GenerateStream(
+            pb.GenerateStreamRequest(
+                request_id=request_id,
+                token_ids=pb.TokenIds(ids=[1, 9, 9, 9]),
+                stopping=pb.StoppingCriteria(max_tokens=400, ignore_eos=True),
+            )
+        )
+        for _ in range(3):
+            next(a)
+        a.cancel()
+        b = list(
+            inference.GenerateStream(
+                pb.GenerateStreamRequest(
+                    request_id=request_id,
+                    token_ids=pb.TokenIds(ids=[1, 4, 4]),
+                    stopping=pb.StoppingCriteria(max_tokens=6, ignore_eos=True),
+                ),
+                timeout=30,
+            )
+        )
+        finish = b[-1].finish
+        tokens = sum(len(m.delta.token_ids) for m in b if m.HasField("delta"))
+        ok += finish.reason == pb.FINISH_REASON_LENGTH and tokens == 6
+    return ok

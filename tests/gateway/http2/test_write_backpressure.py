@@ -1,0 +1,60 @@
+"""The transport's backpressure reaches the engine (issue 22, item 9): a stream's sent bytes count
+(its `on_sent`, which returns the engine's flow-control credit) only once they left through a
+transport that is not paused. Before, credit went back when the bytes were queued, so a client
+that never read made the gateway buffer 455 MB for 96 s while the engine kept sending."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.http2 import frames as f
+from gateway.http2.stream import Stream
+from tests.gateway.http2.test_units import Recorder, request_block, settle, wired
+
+
+class CountingStream(Recorder):
+    def __init__(self, connection) -> None:
+        super().__init__(connection)
+        self.sent = 0
+
+    def on_sent(self, num_bytes: int) -> None:
+        self.sent += num_bytes
+
+
+def test_sent_bytes_count_only_while_the_transport_takes_them():
+    async def run() -> None:
+        client, server = await wired()
+        server.write(f.pack_settings({f.SETTINGS_INITIAL_WINDOW_SIZE: 1 << 20}))
+        server.write(f.pack_window_update(0, 1 << 20))
+        await settle()
+        stream = CountingStream(client)
+        client.add_stream(stream, 1)
+        client.send_headers(stream, request_block(b"/x"))
+        client.pause_writing()  # the socket's buffer is over its high-water mark
+        client.send_data(stream, b"d" * 1000)
+        await settle()
+        assert stream.sent == 0, "credit returned while the transport was paused"
+        client.resume_writing()
+        await settle()
+        assert stream.sent == 1000
+        client.send_data(stream, b"e" * 10)
+        await settle()
+        assert stream.sent == 1010
+
+    asyncio.run(run())
+
+
+def test_streams_reset_while_paused_do_not_hear_of_bytes_later():
+    async def run() -> None:
+        client, _server = await wired()
+        stream = CountingStream(client)
+        client.add_stream(stream, 1)
+        client.send_headers(stream, request_block(b"/x"))
+        client.pause_writing()
+        client.send_data(stream, b"d" * 100)
+        client.reset_stream(stream)
+        client.resume_writing()
+        await settle()
+        assert isinstance(stream, Stream) and stream.sent == 0
+
+    asyncio.run(run())
