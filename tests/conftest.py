@@ -64,10 +64,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
     def guarded_init(self: subprocess.Popen, args: object, *rest: object, **kwargs: object) -> None:
         nodeid = _outside_e2e()
-        if nodeid is not None:
-            raise RuntimeError(
+        if nodeid is not None:  # pytest.fail: no `except Exception` on the way can take it for another error
+            pytest.fail(
                 f"{nodeid} starts a process ({args!r}) but is not an e2e test: "
-                f"name its file *{E2E_FILE_SUFFIX} or mark it e2e"
+                f"name its file *{E2E_FILE_SUFFIX} or mark it e2e",
+                pytrace=False,
             )
         popen_init(self, args, *rest, **kwargs)
 
@@ -88,9 +89,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         embeddings = config.vocab_size * config.hidden_size
         per_layer = 4 * config.hidden_size**2 + 3 * config.hidden_size * config.intermediate_size
         if nodeid is not None and embeddings + config.num_layers * per_layer > REAL_MODEL_PARAMETERS:
-            raise RuntimeError(
+            pytest.fail(
                 f"{nodeid} builds a real-sized model ({config.architecture}) but is not an e2e test: "
-                f"name its file *{E2E_FILE_SUFFIX} or mark it e2e"
+                f"name its file *{E2E_FILE_SUFFIX} or mark it e2e",
+                pytrace=False,
             )
         return build_model(config, *args, **kwargs)
 

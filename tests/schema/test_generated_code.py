@@ -89,6 +89,6 @@ def test_the_schema_defines_both_services_with_their_rpcs():
     assert inference.methods_by_name["ChatStream"].server_streaming
     assert not inference.methods_by_name["Chat"].server_streaming
     assert [m.name for m in control.methods] == [
-        "GetServerInfo", "GetModelInfo", "GetLoad", "Abort", "ResetPrefixCache", "WatchKvEvents"
+        "GetServerInfo", "GetModelInfo", "GetLoad", "Abort", "ResetPrefixCache", "WatchKvEvents", "GetTokenizer"
     ]  # fmt: skip
     assert control.methods_by_name["WatchKvEvents"].server_streaming

@@ -92,6 +92,7 @@ def test_the_spec_is_ebnf_text_for_the_ordinary_compiler():
         '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Nice"}}\n</tool_call>',  # compact JSON too
     ],
 )
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_a_valid_call_is_accepted_token_by_token_and_parses(compiler, smollm2_tokenizer, text):
     assert accepts(matcher(compiler), smollm2_tokenizer, text)
     chat = parse_all(text, thinking=False)
@@ -118,10 +119,12 @@ def test_a_valid_call_is_accepted_token_by_token_and_parses(compiler, smollm2_to
         '<tool_call>\n{"arguments": {"city": "Paris"}, "name": "get_weather"}\n</tool_call>',
     ],
 )
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_a_wrong_name_argument_or_shape_is_refused(compiler, smollm2_tokenizer, text):
     assert not accepts(matcher(compiler), smollm2_tokenizer, text)
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_the_output_cannot_end_before_a_call_nor_start_with_anything_else(compiler, smollm2_tokenizer):
     first = allowed(matcher(compiler))
     assert first and EOS not in first
@@ -131,11 +134,13 @@ def test_the_output_cannot_end_before_a_call_nor_start_with_anything_else(compil
         assert text and (begin.startswith(text) or text.startswith(begin)), text
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_a_named_choice_allows_only_that_tool(compiler, smollm2_tokenizer):
     assert accepts(matcher(compiler, "get-time"), smollm2_tokenizer, call("get-time", {}))
     assert not accepts(matcher(compiler, "get-time"), smollm2_tokenizer, call("get_weather", {"city": "Paris"}))
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_a_named_choice_is_one_call_and_then_the_grammar_ends(compiler, smollm2_tokenizer):
     named = matcher(compiler, "get-time")
     for token_id in smollm2_tokenizer.encode(call("get-time", {}), add_special_tokens=False):
@@ -146,6 +151,7 @@ def test_a_named_choice_is_one_call_and_then_the_grammar_ends(compiler, smollm2_
     assert accepts(matcher(compiler), smollm2_tokenizer, twice)  # required: one or more
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_with_thinking_the_reasoning_comes_first_then_the_calls(compiler, smollm2_tokenizer):
     text = "The user wants Paris.\n</think>\n" + call("get_weather", {"city": "Paris"})
     assert accepts(matcher(compiler, thinking=True), smollm2_tokenizer, text)
@@ -156,6 +162,7 @@ def test_with_thinking_the_reasoning_comes_first_then_the_calls(compiler, smollm
 
 
 @pytest.mark.parametrize("seed", range(12))
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_whatever_the_grammar_lets_a_model_write_parses_into_valid_calls(compiler, smollm2_tokenizer, seed):
     """A random model: any allowed token but eos, uniformly, ending at random once the grammar may end. The
     tools' arguments are finite (booleans, enums), so every walk ends."""
@@ -202,6 +209,7 @@ def test_a_schema_the_grammar_cannot_follow_is_refused_naming_its_tool(parameter
     assert reason in message and ".cc:" not in message
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_required_without_parallel_calls_is_exactly_one_call_of_any_tool(compiler, smollm2_tokenizer):
     for name, arguments in (("get_weather", {"city": "Paris"}), ("get-time", {})):
         assert accepts(matcher(compiler, parallel=False), smollm2_tokenizer, call(name, arguments))

@@ -16,6 +16,8 @@ import pytest
 from engines.grammar.compiler import GrammarCompiler, InvalidGrammarError
 from engines.grammar.spec import json_schema_spec
 
+pytestmark = pytest.mark.e2e  # every compile runs in the grammar compiler's child process
+
 SMOLLM2_VOCAB_SIZE = 49152
 
 

@@ -145,6 +145,7 @@ REFUSED = [
 
 
 @pytest.mark.parametrize(("spec", "message"), REFUSED)
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_xgrammar_refusals_carry_the_compilers_reason(smollm2_compiler, spec, message):
     with pytest.raises(InvalidGrammarError) as error:
         smollm2_compiler.submit(spec).result()
@@ -152,6 +153,7 @@ def test_xgrammar_refusals_carry_the_compilers_reason(smollm2_compiler, spec, me
     assert "/project/" not in str(error.value)
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_every_kind_compiles_on_the_real_vocabulary(smollm2_compiler):
     specs = [json_schema_spec('{"type": "string"}'), regex_spec("[0-9]+"), ebnf_spec('root ::= "a"+')]
     specs += [choice_spec(['say "hi"', "été"]), GrammarSpec(GrammarKind.JSON_OBJECT, "")]

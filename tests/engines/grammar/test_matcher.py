@@ -39,6 +39,7 @@ def grammar_for(compiler, spec, stop_token_ids) -> RequestGrammar:
     return RequestGrammar(compiler.submit(spec).result(), frozenset(stop_token_ids), SMOLLM2_VOCAB_SIZE)
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_a_user_stop_token_of_ordinary_text_is_masked_inside_a_string_and_allowed_after_it(smollm2_compiler, ids):
     quote, a, b = ids['"'], ids["a"], ids["b"]
     grammar = grammar_for(smollm2_compiler, json_schema_spec('{"type": "string"}'), {SMOLLM2_EOS, a})
@@ -55,12 +56,14 @@ def test_a_user_stop_token_of_ordinary_text_is_masked_inside_a_string_and_allowe
     assert grammar.is_terminated
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_without_the_user_stop_token_the_same_text_is_ordinary_inside_the_string(smollm2_compiler, ids):
     grammar = grammar_for(smollm2_compiler, json_schema_spec('{"type": "string"}'), {SMOLLM2_EOS})
     grammar.accept(ids['"'])
     assert ids["a"] in allowed(grammar)
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_the_models_eos_is_masked_until_the_grammar_can_end(smollm2_compiler, ids):
     grammar = grammar_for(smollm2_compiler, json_schema_spec('{"type": "string"}'), {SMOLLM2_EOS})
     grammar.accept(ids['"'])
@@ -71,6 +74,7 @@ def test_the_models_eos_is_masked_until_the_grammar_can_end(smollm2_compiler, id
     assert grammar.is_terminated
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_control_tokens_are_never_text_inside_json(smollm2_compiler, smollm2_tokenizer, ids):
     specials = special_token_ids(smollm2_tokenizer)
     assert {0, 1, 2} <= specials  # <|endoftext|>, <|im_start|>, <|im_end|>
@@ -79,6 +83,7 @@ def test_control_tokens_are_never_text_inside_json(smollm2_compiler, smollm2_tok
     assert not allowed(grammar) & specials
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_a_sequence_accepts_into_its_grammar_and_stops_when_the_matcher_terminates(
     smollm2_compiler, smollm2_tokenizer, ids
 ):
@@ -92,6 +97,7 @@ def test_a_sequence_accepts_into_its_grammar_and_stops_when_the_matcher_terminat
     assert seq.grammar.is_terminated and seq.output_text == "ab"
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_sync_rolls_the_matcher_back_and_forward_to_the_sequences_tokens(smollm2_compiler, ids):
     grammar = grammar_for(smollm2_compiler, regex_spec("[ab]+"), {SMOLLM2_EOS})
     grammar.sync([ids["a"], ids["b"], ids["a"]])
@@ -112,6 +118,7 @@ def sequence(tokenizer, compiler, output_ids, **fields):
 
 
 @pytest.mark.parametrize("with_kernel", [False, True], ids=["xgrammar", "dpgate-kernel"])
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_one_bitmask_masks_the_constrained_rows_exactly_and_leaves_the_rest_alone(
     smollm2_compiler, smollm2_tokenizer, ids, with_kernel
 ):
@@ -139,6 +146,7 @@ def test_one_bitmask_masks_the_constrained_rows_exactly_and_leaves_the_rest_alon
         assert torch.equal(masked.logits[masked.index[row]], expected)  # bits kept, -inf elsewhere
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_a_stop_token_the_grammar_requires_next_empties_the_mask_with_a_clear_error(
     smollm2_compiler, smollm2_tokenizer, ids
 ):
@@ -159,6 +167,7 @@ def test_a_stop_token_the_grammar_requires_next_empties_the_mask_with_a_clear_er
     assert torch.isfinite(masked.logits[masked.index[1]][ids["b"]])
 
 
+@pytest.mark.e2e  # compiles in the grammar compiler's child process
 def test_min_tokens_that_block_the_only_allowed_stop_tokens_name_min_tokens(smollm2_compiler, smollm2_tokenizer, ids):
     seq = sequence(
         smollm2_tokenizer,
