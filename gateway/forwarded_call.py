@@ -187,7 +187,7 @@ class ForwardedCall:
             self._deadline = loop.time() + headers.timeout
             self._timer = loop.call_at(self._deadline, self._deadline_passed)
         forwarder.num_in_flight += 1
-        self._peer = getattr(call.connection, "peer", "")
+        self._peer = call.peer
         forwarder.in_flight_by_peer[self._peer] = forwarder.in_flight_by_peer.get(self._peer, 0) + 1
         self._body_timer: asyncio.TimerHandle | None = None
         if not end_stream:  # a headers-only stream must not hold its slot for ever

@@ -114,7 +114,7 @@ class Forwarder:
         if self.config.max_in_flight is not None and self.num_in_flight >= self.config.max_in_flight:
             self._refuse(call, path, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, self._full_message)
             return
-        peer = getattr(call.connection, "peer", "")
+        peer = call.peer
         if self._peer_limit is not None and self.in_flight_by_peer.get(peer, 0) >= self._peer_limit:
             message = f"this client is at its limit of {self._peer_limit} calls in flight (--max-in-flight-per-peer)"
             self._refuse(call, path, request_id, grpc.StatusCode.RESOURCE_EXHAUSTED, message)

@@ -64,6 +64,11 @@ class ServerCall(Stream):
         self.is_response_started = False
         self.is_finished = False
 
+    @property
+    def peer(self) -> str:
+        """The client's address (the per-peer limits count calls by it)."""
+        return self.connection.peer
+
     def on_headers(self, headers: Headers, end_stream: bool) -> None:
         # Request trailers: gRPC clients send none, but they would end the request.
         if end_stream and self.handler is not None:

@@ -48,10 +48,11 @@ class EngineCall:
     relay use; nothing else of it is touched.
     """
 
-    __slots__ = ("_buffer", "_queue", "_status", "handler", "headers", "is_finished", "is_response_started")
+    __slots__ = ("_buffer", "_queue", "_status", "handler", "headers", "is_finished", "is_response_started", "peer")
 
-    def __init__(self, headers: Headers) -> None:
+    def __init__(self, headers: Headers, peer: str = "") -> None:
         self.headers = headers
+        self.peer = peer  # the HTTP client's address: its calls count toward --max-in-flight-per-peer
         self.handler = None  # set by the forwarder when it admits the call
         self.is_response_started = False
         self.is_finished = False

@@ -183,7 +183,7 @@ class OpenAIServer:
             message = f"the request is larger than the gateway's message limit of {limit} bytes (--max-message-bytes)"
             return error_response(error(413, message), request_id)
         model = plan.model or self._default_model()
-        calls = [EngineCall(headers) for _ in plan.requests]
+        calls = [EngineCall(headers, request.remote or "") for _ in plan.requests]
         try:
             for call, payload in zip(calls, plan.requests, strict=True):
                 call.start(self._forwarder, payload)
