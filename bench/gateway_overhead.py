@@ -248,13 +248,18 @@ def main() -> int:
         report(targets, args)
         write_json(targets, args)
     finally:
-        for process in reversed(started):
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(started)
     return 0
+
+
+def stop_processes(started: list[subprocess.Popen]) -> None:
+    """End the processes a benchmark started, the last started first (SIGTERM, then SIGKILL after 10 s)."""
+    for process in reversed(started):
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 if __name__ == "__main__":

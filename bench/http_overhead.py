@@ -36,6 +36,7 @@ from gateway_overhead import (
     percentile,
     process_cpu_seconds,
     start_process,
+    stop_processes,
     wait_until_serving,
 )
 from grpc import aio
@@ -166,12 +167,7 @@ def main() -> int:
         report(results, args)
         write_json(results, args)
     finally:
-        for process in reversed(started):
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(started)
     return 0
 
 
