@@ -89,18 +89,7 @@ def structured_output_fields(fields: Fields, request: Any) -> None:
         output = _response_format(response_format)
         if output is not None:
             chosen.append(("response_format", output))
-    guided_json = fields.take("guided_json")
-    if guided_json is not None:
-        chosen.append(("guided_json", _json_schema_output(guided_json, "guided_json")))
-    regex = fields.take_str("guided_regex")
-    if regex is not None:
-        chosen.append(("guided_regex", generate_pb2.StructuredOutput(regex=regex)))
-    choice = fields.take_list("guided_choice")
-    if choice is not None:
-        chosen.append(("guided_choice", _choice_output(choice, "guided_choice")))
-    grammar = fields.take_str("guided_grammar")
-    if grammar is not None:
-        chosen.append(("guided_grammar", generate_pb2.StructuredOutput(ebnf=grammar)))
+    chosen.extend(_guided_kinds(fields, key="guided_{}", name="guided_{}"))
     structured = fields.take_object("structured_outputs")
     if structured is not None:
         chosen.extend(_structured_outputs(structured))
@@ -137,23 +126,31 @@ def _response_format(fields: Fields) -> generate_pb2.StructuredOutput | None:
 
 
 def _structured_outputs(fields: Fields) -> list[tuple[str, generate_pb2.StructuredOutput]]:
-    chosen = []
-    value = fields.take("json")
-    if value is not None:
-        chosen.append(("structured_outputs.json", _json_schema_output(value, "structured_outputs.json")))
-    regex = fields.take_str("regex")
-    if regex is not None:
-        chosen.append(("structured_outputs.regex", generate_pb2.StructuredOutput(regex=regex)))
-    choice = fields.take_list("choice")
-    if choice is not None:
-        chosen.append(("structured_outputs.choice", _choice_output(choice, "structured_outputs.choice")))
-    grammar = fields.take_str("grammar")
-    if grammar is not None:
-        chosen.append(("structured_outputs.grammar", generate_pb2.StructuredOutput(ebnf=grammar)))
+    chosen = _guided_kinds(fields, key="{}", name="structured_outputs.{}")
     if fields.take_bool("json_object"):
         json_object = generate_pb2.StructuredOutput(json_object=generate_pb2.JsonObject())
         chosen.append(("structured_outputs.json_object", json_object))
     fields.refuse_rest()
+    return chosen
+
+
+def _guided_kinds(fields: Fields, key: str, name: str) -> list[tuple[str, generate_pb2.StructuredOutput]]:
+    """The four structured-output kinds vLLM takes under two spellings (`guided_json` ...,
+    `structured_outputs.json` ...): `key` and `name` are the field's key and reported name with `{}`
+    for the kind; in the order json, regex, choice, grammar, each one given as (name, output)."""
+    chosen = []
+    value = fields.take(key.format("json"))
+    if value is not None:
+        chosen.append((name.format("json"), _json_schema_output(value, name.format("json"))))
+    regex = fields.take_str(key.format("regex"))
+    if regex is not None:
+        chosen.append((name.format("regex"), generate_pb2.StructuredOutput(regex=regex)))
+    choice = fields.take_list(key.format("choice"))
+    if choice is not None:
+        chosen.append((name.format("choice"), _choice_output(choice, name.format("choice"))))
+    grammar = fields.take_str(key.format("grammar"))
+    if grammar is not None:
+        chosen.append((name.format("grammar"), generate_pb2.StructuredOutput(ebnf=grammar)))
     return chosen
 
 
