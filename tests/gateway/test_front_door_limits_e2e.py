@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import grpc
-import pytest
 
 from dpgate.e2e.h2_wire import (
     GENERATE_STREAM,
@@ -24,27 +23,9 @@ from dpgate.e2e.h2_wire import (
 )
 from gateway.http2 import frames as f
 from gateway.http2.header_codec import encode_block
-from tests.support.gateway_processes import gateway_starter, generate_request, inference_stub, running_synthetic_engine
+from tests.support.gateway_processes import generate_request, inference_stub
 
 BLOCK = encode_block(request_fields())
-
-
-@pytest.fixture(scope="module")
-def engine(log_dir):
-    with running_synthetic_engine(log_dir) as process:
-        yield process
-
-
-@pytest.fixture
-def start_gateway(engine, log_dir):
-    with gateway_starter(engine, log_dir) as start:
-
-        def start_serving(*flags: str):
-            gateway = start(*flags, name="gateway-limits")
-            gateway.wait_ranks([0])
-            return gateway
-
-        yield start_serving
 
 
 def served(gateway) -> bool:
@@ -241,7 +222,7 @@ def streams_seen(engine) -> float:
     return engine.requests_total().get("GenerateStream", 0.0)
 
 
-def test_rapid_reset_ends_the_connection_and_the_engine_sees_no_more_than_the_limit(start_gateway, engine):
+def test_rapid_reset_ends_the_connection_and_the_engine_sees_no_more_than_the_limit(start_gateway, synthetic_engine):
     """CVE-2023-44487: streams opened and reset at once cost the server, not the client.
 
     Each stream is reset as soon as its first message arrives (so the engine really served it);
@@ -250,7 +231,7 @@ def test_rapid_reset_ends_the_connection_and_the_engine_sees_no_more_than_the_li
     """
     limit = 5
     gateway = start_gateway("--max-resets-per-second", str(limit))
-    before = streams_seen(engine)
+    before = streams_seen(synthetic_engine)
     client = connected(gateway)
     num_reset = 0
     started = time.monotonic()
@@ -270,8 +251,8 @@ def test_rapid_reset_ends_the_connection_and_the_engine_sees_no_more_than_the_li
     finally:
         client.close()
     assert limit <= num_reset <= limit + limit * elapsed + 1
-    wait_for_engine_count(engine, before + num_reset)
-    assert streams_seen(engine) - before <= num_reset + 1  # the engine saw only what the bucket allowed
+    wait_for_engine_count(synthetic_engine, before + num_reset)
+    assert streams_seen(synthetic_engine) - before <= num_reset + 1  # the engine saw only what the bucket allowed
     assert served(gateway)
 
 

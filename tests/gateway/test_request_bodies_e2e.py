@@ -7,31 +7,10 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from tests.gateway.raw_grpc import RawCall, message
-from tests.support.gateway_processes import gateway_starter, running_synthetic_engine
 
 GENERATE = "/dpgate.v1.InferenceService/Generate"
 DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED = 4, 8
-
-
-@pytest.fixture(scope="module")
-def engine(log_dir):
-    with running_synthetic_engine(log_dir) as process:
-        yield process
-
-
-@pytest.fixture
-def start_gateway(engine, log_dir):
-    with gateway_starter(engine, log_dir) as start:
-
-        def start_serving(*flags: str):
-            gateway = start(*flags, name="gateway-bodies")
-            gateway.wait_ranks([0])
-            return gateway
-
-        yield start_serving
 
 
 def test_a_body_that_never_ends_is_ended_at_the_deadline(start_gateway):

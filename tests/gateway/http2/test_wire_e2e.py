@@ -16,29 +16,9 @@ import pytest
 from gateway.http2 import frames as f
 from tests.support.gateway_processes import (
     GatewayProcess,
-    gateway_starter,
     generate_request,
     inference_stub,
-    running_synthetic_engine,
 )
-
-
-@pytest.fixture(scope="module")
-def engine(log_dir):
-    with running_synthetic_engine(log_dir) as process:
-        yield process
-
-
-@pytest.fixture
-def start_gateway(engine, log_dir):
-    with gateway_starter(engine, log_dir) as start:
-
-        def start_serving(*flags: str) -> GatewayProcess:
-            gateway = start(*flags, name="gateway-wire")
-            gateway.wait_ranks([0])
-            return gateway
-
-        yield start_serving
 
 
 class RawClient:
