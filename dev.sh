@@ -44,17 +44,19 @@ install_packages() {
 }
 
 # Programs the test suite drives that no PyPI package ships: tmux (the terminal tests run
-# `dpgate generate` and `dpgate chat` in a real terminal) and promtool (checks the metrics and the
-# Grafana dashboard's queries; Debian ships it in the prometheus package). Installed with apt-get
+# `dpgate generate`, `dpgate chat` and the README's `curl -N` in a real terminal), curl, and
+# promtool (checks the metrics and the Grafana dashboard's queries; Debian ships it in the
+# prometheus package). Installed with apt-get
 # when missing, as root or through sudo; the tests that need them fail naming the program otherwise.
 install_test_programs() {
     local missing=()
     command -v tmux >/dev/null 2>&1 || missing+=(tmux)
     command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+    command -v curl >/dev/null 2>&1 || missing+=(curl)
     [ ${#missing[@]} -eq 0 ] && return
     local sudo=""
     [ "$(id -u)" = 0 ] || sudo=sudo
-    echo "dev.sh: installing ${missing[*]} with apt-get (the test suite runs tmux and promtool)" >&2
+    echo "dev.sh: installing ${missing[*]} with apt-get (the test suite runs tmux, promtool and curl)" >&2
     $sudo apt-get update -qq
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }

@@ -34,6 +34,7 @@ from engines.chat.output_parser import (
     drop_tool_calls_after,
 )
 from engines.chat.template import ChatTemplate, NoChatTemplateError
+from engines.model.token_texts import TokenTexts
 from engines.sampling.params import InvalidRequestError
 from engines.sampling.tokens import SampledToken
 from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError
@@ -146,19 +147,29 @@ def finish_info(output: StepOutput) -> generate_pb2.FinishInfo:
     return info
 
 
-def wire_logprobs(output: StepOutput) -> list[generate_pb2.TokenLogprob]:
-    return wire_tokens(output.logprobs)
+def wire_logprobs(output: StepOutput, texts: TokenTexts) -> list[generate_pb2.TokenLogprob]:
+    return wire_tokens(output.logprobs, texts)
 
 
-def wire_tokens(tokens: list[SampledToken]) -> list[generate_pb2.TokenLogprob]:
-    return [
-        generate_pb2.TokenLogprob(
-            token_id=sampled.token_id,
-            logprob=sampled.logprob,
-            top_logprobs=[generate_pb2.TopLogprob(token_id=t, logprob=lp) for t, lp in sampled.top_logprobs],
+def wire_tokens(tokens: list[SampledToken], texts: TokenTexts) -> list[generate_pb2.TokenLogprob]:
+    """Logprob entries with each token's bytes and text beside its id (OpenAI clients show text)."""
+    wired = []
+    for sampled in tokens:
+        top = [
+            generate_pb2.TopLogprob(token_id=t, logprob=lp, token_bytes=texts.token_bytes(t), token=texts.text(t))
+            for t, lp in sampled.top_logprobs
+        ]
+        token_id = sampled.token_id
+        wired.append(
+            generate_pb2.TokenLogprob(
+                token_id=token_id,
+                logprob=sampled.logprob,
+                top_logprobs=top,
+                token_bytes=texts.token_bytes(token_id),
+                token=texts.text(token_id),
+            )
         )
-        for sampled in tokens
-    ]
+    return wired
 
 
 def wire_piece(piece: ChatPiece) -> generate_pb2.ChatDelta:
@@ -204,6 +215,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
         self.engine = engine
         self.limits = limits
         self.tokenizer = tokenizer
+        self.token_texts = TokenTexts(tokenizer)
         self.metrics = metrics
         self.data_parallel_rank = data_parallel_rank
         self.chat_template = chat_template
@@ -218,8 +230,8 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             response.request_id = output.request_id
             response.text += output.text
             response.token_ids.extend(output.token_ids)
-            response.logprobs.extend(wire_logprobs(output))
-            response.prompt_logprobs.extend(wire_tokens(output.prompt_logprobs))
+            response.logprobs.extend(wire_logprobs(output, self.token_texts))
+            response.prompt_logprobs.extend(wire_tokens(output.prompt_logprobs, self.token_texts))
             if output.finish_reason is not None:
                 response.finish.CopyFrom(finish_info(output))
         return response
@@ -236,12 +248,14 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
                 prompt = generate_pb2.PromptInfo(
                     request_id=seq.request_id,
                     prompt_token_ids=seq.prompt_ids,
-                    prompt_logprobs=wire_tokens(output.prompt_logprobs),
+                    prompt_logprobs=wire_tokens(output.prompt_logprobs, self.token_texts),
                 )
                 yield generate_pb2.GenerateStreamResponse(prompt_info=prompt)
                 first = False
             if output.text or output.token_ids:
-                delta = generate_pb2.Delta(text=output.text, token_ids=output.token_ids, logprobs=wire_logprobs(output))
+                delta = generate_pb2.Delta(
+                    text=output.text, token_ids=output.token_ids, logprobs=wire_logprobs(output, self.token_texts)
+                )
                 yield generate_pb2.GenerateStreamResponse(delta=delta)
             if output.finish_reason is not None:
                 yield generate_pb2.GenerateStreamResponse(finish=finish_info(output))
@@ -273,7 +287,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
             response.request_id = output.request_id
             text += output.text
             response.token_ids.extend(output.token_ids)
-            response.logprobs.extend(wire_logprobs(output))
+            response.logprobs.extend(wire_logprobs(output, self.token_texts))
             if output.finish_reason is not None:
                 response.finish.CopyFrom(finish_info(output))
         parser = self._parser(runs[0])  # the streaming parser fed once: unary == streaming by construction
@@ -311,7 +325,7 @@ class InferenceServicer(generate_pb2_grpc.InferenceServiceServicer):
                 deltas.append(generate_pb2.ChatDelta())  # the step's tokens were only markup (or held back)
             if deltas:
                 deltas[0].token_ids.extend(output.token_ids)
-                deltas[0].logprobs.extend(wire_logprobs(output))
+                deltas[0].logprobs.extend(wire_logprobs(output, self.token_texts))
             for delta in deltas:
                 yield generate_pb2.ChatStreamResponse(delta=delta)
             if output.finish_reason is not None:

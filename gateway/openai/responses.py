@@ -5,8 +5,9 @@ Unary: `chat_completion` builds a `chat.completion` from one ChatResponse per ch
 `CompletionChunks` per choice turns each stream message into the chunk dicts to send, and
 `usage` sums what the finishes said.
 
-Tokens in logprobs are written `token_id:N` (vLLM's `return_tokens_as_token_ids` form): the
-gateway holds no tokenizer (it never imports the engine), and an id names the token exactly.
+Tokens in logprobs are the text and bytes the engine sends beside each id (the gateway holds no
+tokenizer of its own). An engine too old to send them leaves both empty; the token is then written
+`token_id:N` (vLLM's `return_tokens_as_token_ids` form), which still names it exactly.
 
 `prompt_tokens_details.cached_tokens` is read from `FinishInfo.num_cached_prompt_tokens` when the
 schema has that field (the prefix cache adds it): until then usage has no details, rather than a
@@ -29,8 +30,17 @@ _CACHED_FIELD = "num_cached_prompt_tokens"
 HAS_CACHED_TOKENS = _CACHED_FIELD in generate_pb2.FinishInfo.DESCRIPTOR.fields_by_name
 
 
-def token_name(token_id: int) -> str:
-    return f"token_id:{token_id}"
+Entry = generate_pb2.TokenLogprob | generate_pb2.TopLogprob
+
+
+def token_name(entry: Entry) -> str:
+    if entry.token or entry.token_bytes:
+        return entry.token
+    return f"token_id:{entry.token_id}"
+
+
+def token_bytes(entry: Entry) -> list[int] | None:
+    return list(entry.token_bytes) if entry.token or entry.token_bytes else None
 
 
 def finish_reason(finish: generate_pb2.FinishInfo, has_tool_calls: bool = False) -> str | None:
@@ -73,24 +83,30 @@ def chat_logprobs(logprobs: Sequence[generate_pb2.TokenLogprob]) -> list[dict]:
     """OpenAI chat `logprobs.content` entries."""
     return [
         {
-            "token": token_name(entry.token_id),
+            "token": token_name(entry),
             "logprob": entry.logprob,
-            "bytes": None,
+            "bytes": token_bytes(entry),
             "top_logprobs": [
-                {"token": token_name(top.token_id), "logprob": top.logprob, "bytes": None} for top in entry.top_logprobs
+                {"token": token_name(top), "logprob": top.logprob, "bytes": token_bytes(top)}
+                for top in entry.top_logprobs
             ],
         }
         for entry in logprobs
     ]
 
 
-def completion_logprobs(logprobs: Sequence[generate_pb2.TokenLogprob]) -> dict:
-    """OpenAI completions `logprobs` (no text_offset: the gateway has no token texts)."""
+def completion_logprobs(logprobs: Sequence[generate_pb2.TokenLogprob], text_start: int = 0) -> dict:
+    """OpenAI completions `logprobs`; `text_offset` counts characters of the choice's text from
+    `text_start` (where this chunk's text begins), token texts laid end to end."""
+    offsets = []
+    for entry in logprobs:
+        offsets.append(text_start)
+        text_start += len(token_name(entry))
     return {
-        "tokens": [token_name(entry.token_id) for entry in logprobs],
+        "tokens": [token_name(entry) for entry in logprobs],
         "token_logprobs": [entry.logprob for entry in logprobs],
-        "top_logprobs": [{token_name(top.token_id): top.logprob for top in entry.top_logprobs} for entry in logprobs],
-        "text_offset": None,
+        "top_logprobs": [{token_name(top): top.logprob for top in entry.top_logprobs} for entry in logprobs],
+        "text_offset": offsets,
     }
 
 
@@ -217,13 +233,14 @@ class ChatChunks:
 class CompletionChunks:
     """One choice of a streamed completion: each GenerateStreamResponse -> `choices` entries."""
 
-    __slots__ = ("finish", "index", "logprobs", "num_generated_tokens", "num_prompt_tokens")
+    __slots__ = ("finish", "index", "logprobs", "num_generated_tokens", "num_prompt_tokens", "text_length")
 
     def __init__(self, index: int, logprobs: bool) -> None:
         self.index = index
         self.logprobs = logprobs
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
+        self.text_length = 0  # characters streamed so far: where the next chunk's text_offset starts
         self.finish: generate_pb2.FinishInfo | None = None
 
     def usage_so_far(self) -> dict:
@@ -237,7 +254,8 @@ class CompletionChunks:
         if event == "delta":
             delta = message.delta
             self.num_generated_tokens += len(delta.token_ids)
-            logprobs = completion_logprobs(delta.logprobs) if self.logprobs else None
+            logprobs = completion_logprobs(delta.logprobs, self.text_length) if self.logprobs else None
+            self.text_length += len(delta.text)
             return [{"index": self.index, "text": delta.text, "logprobs": logprobs, "finish_reason": None}]
         if event == "finish":
             self.finish = message.finish

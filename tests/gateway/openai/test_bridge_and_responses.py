@@ -130,6 +130,26 @@ def test_stream_messages_become_chunks_with_logprobs_as_token_ids():
     assert chunks.feed(end.SerializeToString())[0]["finish_reason"] == "length"
 
 
+def test_logprobs_carry_the_engines_token_text_and_bytes_with_offsets_across_chunks():
+    def entry(token_id: int, text: str) -> pb.TokenLogprob:
+        raw = text.encode()
+        top = pb.TopLogprob(token_id=token_id, logprob=-0.25, token=text, token_bytes=raw)
+        return pb.TokenLogprob(token_id=token_id, logprob=-0.25, token=text, token_bytes=raw, top_logprobs=[top])
+
+    (chat_entry,) = responses.chat_logprobs([entry(5, " Zü")])
+    assert chat_entry["token"] == " Zü" and chat_entry["bytes"] == [32, 90, 195, 188]
+    assert chat_entry["top_logprobs"] == [{"token": " Zü", "logprob": -0.25, "bytes": [32, 90, 195, 188]}]
+    partial = pb.TokenLogprob(token_id=9, token="\ufffd", token_bytes=b"\xe6")
+    assert responses.chat_logprobs([partial])[0]["bytes"] == [0xE6]  # OpenAI's bytes: the token's own
+    chunks = responses.CompletionChunks(0, logprobs=True)
+    first = pb.Delta(text="Paris is", token_ids=[1, 2], logprobs=[entry(1, "Paris"), entry(2, " is")])
+    second = pb.Delta(text=" big", token_ids=[3], logprobs=[entry(3, " big")])
+    (one,) = chunks.feed(pb.GenerateStreamResponse(delta=first).SerializeToString())
+    (two,) = chunks.feed(pb.GenerateStreamResponse(delta=second).SerializeToString())
+    assert one["logprobs"]["tokens"] == ["Paris", " is"] and one["logprobs"]["text_offset"] == [0, 5]
+    assert two["logprobs"]["text_offset"] == [8] and two["logprobs"]["top_logprobs"] == [{" big": -0.25}]
+
+
 def test_a_streamed_completion_counts_its_tokens_for_continuous_usage():
     chunks = responses.CompletionChunks(0, logprobs=False)
     chunks.feed(pb.GenerateStreamResponse(prompt_info=pb.PromptInfo(prompt_token_ids=[1, 2, 3])).SerializeToString())

@@ -136,8 +136,10 @@ def test_chat_logprobs_name_each_token(client):
     )
     entries = answer.choices[0].logprobs.content
     assert len(entries) == answer.usage.completion_tokens
+    assert "".join(entry.token for entry in entries) == answer.choices[0].message.content
     for entry in entries:
-        assert entry.token.startswith("token_id:") and len(entry.top_logprobs) == 3
+        assert entry.bytes == list(entry.token.encode()) and len(entry.top_logprobs) == 3
+        assert all(top.bytes == list(top.token.encode()) for top in entry.top_logprobs)
         assert entry.logprob <= 0 and entry.top_logprobs[0].logprob >= entry.logprob - 1e-6
 
 
@@ -252,11 +254,10 @@ def test_the_same_request_over_http_and_grpc_gives_the_same_tokens_and_logprobs(
             ),
             metadata=AUTH, timeout=120,
         )  # fmt: skip
-    assert http.tokens == [f"token_id:{token}" for token in reply.token_ids]
+    assert [entry.token_id for entry in reply.logprobs] == list(reply.token_ids)
+    assert http.tokens == [entry.token for entry in reply.logprobs] and "".join(http.tokens) == reply.text
     assert http.token_logprobs == [entry.logprob for entry in reply.logprobs]
-    assert http.top_logprobs == [
-        {f"token_id:{top.token_id}": top.logprob for top in entry.top_logprobs} for entry in reply.logprobs
-    ]
+    assert http.top_logprobs == [{top.token: top.logprob for top in entry.top_logprobs} for entry in reply.logprobs]
     chat = client.chat.completions.create(model="", messages=CAPITAL, temperature=0, max_tokens=8, logprobs=True)
     with grpc.insecure_channel(served[1].address) as channel:
         reply = inference_stub(channel).Chat(
@@ -268,7 +269,7 @@ def test_the_same_request_over_http_and_grpc_gives_the_same_tokens_and_logprobs(
             metadata=AUTH, timeout=120,
         )  # fmt: skip
     entries = chat.choices[0].logprobs.content
-    assert [entry.token for entry in entries] == [f"token_id:{token}" for token in reply.token_ids]
+    assert [entry.token for entry in entries] == [entry.token for entry in reply.logprobs]
     assert [entry.logprob for entry in entries] == [entry.logprob for entry in reply.logprobs]
     assert chat.choices[0].message.content == reply.content
 
