@@ -73,7 +73,7 @@ def test_a_chat_answer_streamed_with_curl_on_a_terminal(served, terminal):
     )
     command = curl_command(http_port)
     terminal.type_line(command)
-    history = terminal.wait_for(lambda text: text.rstrip().endswith("data: [DONE]\n$"), timeout=60)
+    history = terminal.wait_for(lambda text: text.rstrip().split("\n")[-3:] == ["data: [DONE]", "", "$"], timeout=60)
     print(f"The terminal showed:\n{terminal.screen()}")  # the README's HTTP quick start quotes this screen
 
     rows = [row.rstrip() for row in history.rstrip().split("\n")]
