@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 PROMPT_TOKENS, OUTPUT_TOKENS, CONCURRENCY = 256, 128, 16
@@ -92,3 +93,81 @@ class DpgatePeer:
             "decode": decoded / t_tg,
             "end_to_end": len(prompts) * num_output / wall,
         }
+
+
+class ServedDpgatePeer:
+    """The same three figures from `dpgate engine` over gRPC, as a user gets them (the default):
+    the engine in its own process with its served defaults (its start-up trial picks the threads
+    unless `num_threads` is given), timed on the client's clock from the streamed tokens.
+
+    - decode: (tokens - 1) / (first to last token) of one request from a one-token prompt;
+    - prefill: prompt tokens / time to the first token of one request with max_tokens 1;
+    - batched: all requests sent at once; prefill rate = prompt tokens / time until every request
+      had its first token, decode rate = tokens after that / the time after it, end to end = all
+      output tokens / wall time.
+    """
+
+    def __init__(self, quantization: str, max_num_seqs: int, max_model_len: int, num_threads: int | None = None):
+        import grpc
+
+        from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2_grpc
+        from tests.support.processes import dpgate_command, free_port, poll_until_serving
+
+        port = free_port()
+        flags = ["engine", "--port", str(port), "--quantization", quantization, "--max-num-seqs", str(max_num_seqs),
+                 "--max-model-len", str(max_model_len)]  # fmt: skip
+        if num_threads is not None:
+            flags += ["--num-threads", str(num_threads)]
+        self.process = subprocess.Popen(dpgate_command(*flags), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        address = f"127.0.0.1:{port}"
+        poll_until_serving(address, timeout=300, process=self.process, interval=0.2)
+        self.channel = grpc.insecure_channel(address)
+        self.stub = generate_pb2_grpc.InferenceServiceStub(self.channel)
+        info = control_pb2_grpc.ControlServiceStub(self.channel).GetModelInfo(control_pb2.GetModelInfoRequest())
+        self.description = f"dpgate engine over gRPC, {info.num_threads} thread(s) ({quantization})"
+
+    def _stream(self, prompt: list[int], max_tokens: int) -> tuple[float, list[float]]:
+        from dpgate.v1 import generate_pb2 as pb
+
+        request = pb.GenerateStreamRequest(
+            token_ids=pb.TokenIds(ids=prompt),
+            sampling=pb.SamplingParams(temperature=0.0),
+            stopping=pb.StoppingCriteria(max_tokens=max_tokens, ignore_eos=True),
+        )
+        sent, arrivals = time.perf_counter(), []
+        for message in self.stub.GenerateStream(request, timeout=3600):
+            if message.HasField("delta"):
+                arrivals += [time.perf_counter()] * len(message.delta.token_ids)
+        return sent, arrivals
+
+    def decode(self, first_token: int, num_tokens: int) -> float:
+        _, arrivals = self._stream([first_token], num_tokens)
+        return (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+
+    def prefill(self, prompt: list[int]) -> float:
+        sent, arrivals = self._stream(prompt, 1)
+        return len(prompt) / (arrivals[0] - sent)
+
+    def batched(self, prompts: list[list[int]], num_output: int) -> dict[str, float]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            runs = list(pool.map(lambda prompt: self._stream(prompt, num_output), prompts))
+        ended = max(arrivals[-1] for _, arrivals in runs)
+        all_first = max(arrivals[0] for _, arrivals in runs)
+        after = sum(sum(1 for at in arrivals if at > all_first) for _, arrivals in runs)
+        return {
+            "prefill": sum(len(p) for p in prompts) / (all_first - started),
+            "decode": after / (ended - all_first) if ended > all_first else 0.0,
+            "end_to_end": sum(len(arrivals) for _, arrivals in runs) / (ended - started),
+        }
+
+    def close(self) -> None:
+        self.channel.close()
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

