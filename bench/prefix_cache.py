@@ -12,9 +12,15 @@ Three workloads, streamed with GenerateStream (TTFT = arrival to the first gener
       cannot hit.
 Token ids are random (a prompt's content does not change the work). Greedy, eos ignored.
 
+`--llamacpp` adds (a) as text over OpenAI's HTTP API, in the same run, against `dpgate serve` (the
+gateway's HTTP port, cache on) and llama.cpp's server (llama-cpp-python's, prompt cache on; see
+bench/llamacpp_server.py): the same words, the same 16 conversations in flight, streamed
+completions of 64 tokens with the end-of-sequence tokens banned by logit_bias on both. That server
+computes one request at a time, so its TTFT includes the wait behind the others.
+
     python bench/prefix_cache.py [--conversations 16] [--turns 8] [--system-tokens 1000]
         [--turn-tokens 64] [--shared-system-tokens 1500] [--questions 64] [--random-prompts 64]
-        [--random-tokens 512] [--concurrency 16] [--only a b c] [--json FILE]
+        [--random-tokens 512] [--concurrency 16] [--only a b c] [--llamacpp] [--json FILE]
 
 Targets (issue 23): on (a) and (b) TTFT p50 with the cache at most 0.3x of without and output
 throughput at least 1.5x; on (c) throughput at least 0.97x.
@@ -159,6 +165,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--only", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS), help="workloads to run")
     add("--max-model-len", type=int, default=4096)
     add("--kv-cache-memory-mb", type=int, default=2048, help="each engine's KV cache (default holds 44k tokens)")
+    add("--llamacpp", action="store_true", help="also (a) as text over HTTP: dpgate serve vs llama.cpp's server")
     add_json_argument(parser)
     args = parser.parse_args(argv)
     sizes = ("conversations", "turns", "system_tokens", "turn_tokens", "shared_system_tokens", "questions",
@@ -193,9 +200,14 @@ def main(argv: list[str] | None = None) -> None:
         rate = runs[True]["output_tokens_per_s"] / runs[False]["output_tokens_per_s"]
         print(f"({case}) on/off: TTFT p50 {ttft:.2f}x, output throughput {rate:.2f}x", flush=True)
         cases.append({"case": case, "name": name, "off": runs[False], "on": runs[True]})
+    peers = []
+    if args.llamacpp:
+        from text_multi_turn import compare_with_llamacpp
+
+        peers = compare_with_llamacpp(args)
     sizes = {name: getattr(args, name) for name in ("conversations", "turns", "system_tokens", "turn_tokens",
              "shared_system_tokens", "questions", "random_prompts", "random_tokens", "concurrency")}  # fmt: skip
-    write_results(args.json, "prefix_cache", {"sizes": sizes, "cases": cases})
+    write_results(args.json, "prefix_cache", {"sizes": sizes, "cases": cases, "text_multi_turn": peers})
 
 
 if __name__ == "__main__":
