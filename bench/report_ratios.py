@@ -201,6 +201,14 @@ def prefix_cache_rows(record: dict) -> list[Row]:
                         "lower", cpu))  # fmt: skip
         rows.append(Row(f"output throughput, {name}", on["output_tokens_per_s"], "prefix cache off",
                         off["output_tokens_per_s"], "tok/s", "higher", cpu))  # fmt: skip
+    text = record["results"].get("text_multi_turn") or []
+    if len(text) == 2:  # --llamacpp: dpgate serve and llama.cpp's server, cache on in both
+        ours, theirs = text
+        peer = theirs["server"]
+        rows.append(Row("TTFT p50, (a) multi-turn as text over HTTP", ours["ttft_p50_ms"], peer,
+                        theirs["ttft_p50_ms"], "ms", "lower", cpu))  # fmt: skip
+        rows.append(Row("output throughput, (a) multi-turn as text over HTTP", ours["output_tokens_per_s"], peer,
+                        theirs["output_tokens_per_s"], "tok/s", "higher", cpu))  # fmt: skip
     return rows
 
 
