@@ -5,8 +5,9 @@ packaged Q4_1 GGUF) called over gRPC (`GenerateStream`); vLLM is `vllm serve` (`
 bfloat16, from the same GGUF dequantized into a Hugging Face directory; bench/vllm_peer.py installs
 it into its own venv under the cache directory, minutes the first time, and vLLM takes about two
 minutes to start on 2 cores) called over its OpenAI API (`/v1/completions`, streamed, token-id
-prompts, `ignore_eos`). Both run at once; dpgate with the threads its start-up trial picks, vLLM
-with its own CPU setup (on 2 CPUs it binds its engine core to one and keeps the other for its
+prompts, `ignore_eos`). Both stay up for the run, dpgate started first and alone (so its start-up
+thread trial does not run beside vLLM's loading) with the threads that trial picks, vLLM with its
+own CPU setup (on 2 CPUs it binds its engine core to one and keeps the other for its
 front end); each figure runs on one, then the other, after one warm-up round. Greedy, eos ignored,
 prompts random token ids, fresh per round (no prefix-cache hits). Figures, from the client's clock (what a user sees):
 
@@ -280,16 +281,19 @@ async def run(args: argparse.Namespace, logs: Path) -> dict:
     model_dir = hf_directory(cache, resolve_model("smollm2-135m-instruct").path)
     vllm_port, dpgate_port = free_port(), free_port()
     command, env = serve_command(venv, model_dir, vllm_port, args.threads or len(os.sched_getaffinity(0)))
-    processes = [start(command, env, logs / "vllm.log")]
     dpgate_env = dict(os.environ, PYTHONPATH=str(ROOT))
     dpgate_command = [sys.executable, "-m", "dpgate.cli", "engine", "--port", str(dpgate_port)]
     if args.threads is not None:
         dpgate_command += ["--num-threads", str(args.threads)]
-    processes.append(start(dpgate_command, dpgate_env, logs / "dpgate.log"))
     clients = [DpgateClient(f"127.0.0.1:{dpgate_port}"), VllmClient(f"127.0.0.1:{vllm_port}")]
+    # One after the other: dpgate's start-up thread trial must not run while vLLM loads and compiles
+    # beside it (a contended trial picks fewer threads than the machine gives a quiet engine).
+    starts = [(dpgate_command, dpgate_env, "dpgate.log"), (command, env, "vllm.log")]
+    processes: list[subprocess.Popen] = []
     try:
-        for client, process, log in zip(clients, processes[::-1], ("dpgate.log", "vllm.log"), strict=True):
-            seconds = await wait_ready(client, process, logs / log, args.start_timeout)
+        for client, (argv, environment, log) in zip(clients, starts, strict=True):
+            processes.append(start(argv, environment, logs / log))
+            seconds = await wait_ready(client, processes[-1], logs / log, args.start_timeout)
             print(f"{client.name} serving after {seconds:.0f} s", flush=True)
         results = await measure(clients, args)
         print_table(results, clients)
