@@ -16,21 +16,17 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpgate.v1 import generate_pb2 as pb
 from dpgate.v1 import generate_pb2_grpc
-from tests.support.gateway_processes import scrape
+from tests.support.neighbours import BACKGROUND_P99_BOUND_S, Background, rss_mb
 from tests.support.processes import free_port, running
-
-BACKGROUND_P99_BOUND_S = 3.0  # generous: a busy 2-core CI machine; the stall before was 7-44 s
 
 
 def children_rss_mb(pid: int) -> float:
@@ -40,78 +36,6 @@ def children_rss_mb(pid: int) -> float:
         for child in (task / "children").read_text().split():
             total += rss_mb(int(child))
     return total
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-class Background:
-    """A neighbour: small calls and health probes, timed, on threads of its own."""
-
-    def __init__(self, address: str, metrics_port: int | None = None):
-        self.metrics_port = metrics_port
-        self.channel = grpc.insecure_channel(address)
-        self.inference = generate_pb2_grpc.InferenceServiceStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-        self.stop = threading.Event()
-        self.latencies: list[tuple[float, float]] = []  # (finished at, seconds)
-        self.failures: list[str] = []
-        self.threads = [threading.Thread(target=self._calls), threading.Thread(target=self._probes)]
-
-    def __enter__(self) -> Background:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join()
-        self.channel.close()
-
-    def _calls(self) -> None:
-        request = pb.GenerateRequest(
-            token_ids=pb.TokenIds(ids=[1, 5, 6, 7]), stopping=pb.StoppingCriteria(max_tokens=4, ignore_eos=True)
-        )
-        while not self.stop.is_set():
-            started = time.monotonic()
-            try:
-                reply = self.inference.Generate(request, timeout=30)
-                if len(reply.token_ids) != 4:
-                    self.failures.append(f"call: {len(reply.token_ids)} tokens")
-            except grpc.RpcError as error:
-                self.failures.append(f"call: {error.code().name} {error.details()}")
-            self.latencies.append((time.monotonic(), time.monotonic() - started))
-            self.stop.wait(0.1)
-
-    def _probes(self) -> None:
-        while not self.stop.is_set():
-            try:
-                status = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
-                if status != health_pb2.HealthCheckResponse.SERVING:
-                    self.failures.append(f"health: {status}")
-            except grpc.RpcError as error:
-                self.failures.append(f"health: {error.code().name}")
-            if self.metrics_port is not None:
-                self._check_gateway_view()
-            self.stop.wait(0.05)
-
-    def _check_gateway_view(self) -> None:
-        """The gateway's view of its engine: healthy, circuit closed (0), at every probe."""
-        for name, value in scrape(self.metrics_port).items():
-            if name.startswith("dpgate_gateway_circuit_state{") and value != 0:
-                self.failures.append(f"breaker: {name} = {value}")
-            if name.startswith("dpgate_gateway_engine_healthy{") and value != 1:
-                self.failures.append(f"engine health: {name} = {value}")
-
-    def p99_since(self, since: float) -> float:
-        window = sorted(seconds for at, seconds in self.latencies if at >= since)
-        return window[min(len(window) - 1, int(0.99 * len(window)))] if window else 0.0
 
 
 @dataclass
