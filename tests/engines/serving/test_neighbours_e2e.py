@@ -23,9 +23,9 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dpgate.e2e.neighbour import BACKGROUND_P99_BOUND_S, Background, rss_mb
 from dpgate.v1 import generate_pb2 as pb
 from dpgate.v1 import generate_pb2_grpc
-from tests.support.neighbours import BACKGROUND_P99_BOUND_S, Background, rss_mb
 from tests.support.processes import free_port, running
 
 

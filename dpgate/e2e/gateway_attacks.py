@@ -1,7 +1,8 @@
 """The gateway-side attacks of issue 22 (items 8 and 9), spoken as raw HTTP/2 from another
 loopback address: each is a function that opens its connections, sends what a hostile client
-would, and reports what the gateway answered. tests/gateway/test_gateway_neighbours_e2e.py runs
-them while a well-behaved client works beside them.
+would, and reports what the gateway answered. tests/gateway/test_gateway_neighbours_e2e.py and
+the adversarial workload (dpgate/e2e/adversarial.py) run them while a well-behaved client works
+beside them.
 
 Linux routes all of 127.0.0.0/8 to the loopback interface, so a socket bound to 127.0.0.2 is a
 different client address to a gateway on 127.0.0.1: the gateway's per-peer limits count it
@@ -18,7 +19,6 @@ import urllib.parse
 from dataclasses import dataclass
 
 from dpgate.e2e.h2_wire import (
-    ENDLESS_BODY,
     GENERATE,
     GENERATE_STREAM,
     H2Client,
@@ -27,8 +27,10 @@ from dpgate.e2e.h2_wire import (
     headers,
     request_fields,
     settings,
+    stopping,
     window_update,
 )
+from dpgate.v1 import generate_pb2
 from gateway.grpc_wire import frame_message
 from gateway.http2 import frames as f
 
@@ -81,7 +83,30 @@ def stream_ids(count: int) -> list[int]:
     return list(range(1, 2 * count, 2))
 
 
-def big_bodies_without_end(port: int, connections: int, streams: int, body_bytes: int) -> list[H2Client]:
+def call_fields(path: bytes, key: str | None) -> list[tuple[bytes, bytes]]:
+    """A call's request headers, with the API key when the gateway wants one (an attacker with a
+    valid key is the worse case: it gets past authentication to the limits behind it)."""
+    extra = ((b"authorization", f"Bearer {key}".encode()),) if key is not None else ()
+    return request_fields(path, extra)
+
+
+def is_served(port: int, key: str | None = None, source: str = OTHER_CLIENT) -> Ending | None:
+    """One Generate from another address on a fresh connection: how it ended (status 0 is served),
+    or None when the connection was refused or closed before an answer."""
+    try:
+        client = connect(port, source)
+    except (OSError, TimeoutError):
+        return None
+    try:
+        client.send(headers(1, call_fields(GENERATE, key)) + data(1))
+        return read_endings(client, [1], timeout=30).get(1)
+    finally:
+        client.close()
+
+
+def big_bodies_without_end(
+    port: int, connections: int, streams: int, body_bytes: int, key: str | None = None
+) -> list[H2Client]:
     """On each connection, `streams` Generate calls each sending a `body_bytes` request message in
     full but never END_STREAM: the gateway holds every body until --request-body-timeout."""
     body = generate_body_of_length(body_bytes)
@@ -89,17 +114,18 @@ def big_bodies_without_end(port: int, connections: int, streams: int, body_bytes
     clients = [connect(port) for _ in range(connections)]
     for client in clients:
         for stream_id in stream_ids(streams):
-            frames = [headers(stream_id, request_fields(GENERATE))]
+            frames = [headers(stream_id, call_fields(GENERATE, key))]
             frames += [data(stream_id, chunk, end_stream=False) for chunk in chunks]
             client.send(b"".join(frames))
     return clients
 
 
-def headers_only(port: int, connections: int, streams: int) -> list[H2Client]:
+def headers_only(port: int, connections: int, streams: int, key: str | None = None) -> list[H2Client]:
     """On each connection, `streams` Generate calls that send their headers and nothing else."""
     clients = [connect(port) for _ in range(connections)]
+    block = [headers(stream_id, call_fields(GENERATE, key)) for stream_id in stream_ids(streams)]
     for client in clients:
-        client.send(b"".join(headers(stream_id, request_fields(GENERATE)) for stream_id in stream_ids(streams)))
+        client.send(b"".join(block))
     return clients
 
 
@@ -112,17 +138,21 @@ def unauthenticated_watches(port: int, connections: int, streams: int) -> list[H
     return clients
 
 
-def never_reading_streams(port: int, connections: int, streams: int) -> list[H2Client]:
+def never_reading_streams(
+    port: int, connections: int, streams: int, max_tokens: int, key: str | None = None
+) -> list[H2Client]:
     """On each connection, `streams` GenerateStream calls that go on and on, behind windows opened
     as wide as HTTP/2 allows, whose responses the client never reads: only the gateway's
     backpressure (a paused transport stops the engine's stream) keeps their bytes out of its memory."""
+    request = generate_pb2.GenerateStreamRequest(text="hi", stopping=stopping(max_tokens))
+    body = frame_message(request.SerializeToString())
     clients = []
     for _ in range(connections):
         client = H2Client(port, timeout=10, source=ATTACKER)
         client.handshake((f.SETTINGS_INITIAL_WINDOW_SIZE, f.MAX_WINDOW))
         frames = [window_update(0, f.MAX_WINDOW - f.DEFAULT_WINDOW)]
         for stream_id in stream_ids(streams):
-            frames += [headers(stream_id, request_fields(GENERATE_STREAM)), data(stream_id, ENDLESS_BODY)]
+            frames += [headers(stream_id, call_fields(GENERATE_STREAM, key)), data(stream_id, body)]
         client.send(b"".join(frames))
         clients.append(client)
     return clients

@@ -1,17 +1,20 @@
-"""A neighbour for the adversarial e2e tests (issue 22): a well-behaved client that keeps sending
-small calls and health probes while another client attacks, and records what it saw; and the
-memory figures of the processes it shares a deployment with.
+"""A neighbour for the adversarial workload and tests (issue 22): a well-behaved client that keeps
+sending small calls and health probes while another client attacks, and records what it saw; and
+the memory and CPU figures of the processes it shares a deployment with.
 
-The engine-side attacks (tests/engines/serving/test_neighbours_e2e.py) and the gateway-side ones
+The adversarial workload (dpgate/e2e/adversarial.py), the engine-side tests
+(tests/engines/serving/test_neighbours_e2e.py) and the gateway-side ones
 (tests/gateway/test_gateway_neighbours_e2e.py) judge an attack by the same things: the
 neighbour had no failure, its p99 latency during the attack stayed under a bound, and (through a
-gateway) no breaker opened and no engine was marked unhealthy at any probe.
+gateway whose metrics it can read) no breaker opened and no engine was marked unhealthy at any
+probe.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,12 +23,22 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from dpgate.v1 import generate_pb2 as pb
 from dpgate.v1 import generate_pb2_grpc
-from tests.support.gateway_processes import scrape
 
 # The neighbour's p99 during an attack: generous, for a busy 2-core CI machine (load averages of
 # 10-14 were seen while these ran); the stalls the fixes removed were 7-44 s on the engine, and
 # a call held until the client gave up at the gateway.
 BACKGROUND_P99_BOUND_S = 3.0
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Prometheus samples of the server's metrics on 127.0.0.1:`port`, as {'name{labels}': value}."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
 
 
 def rss_mb(pid: int) -> float:
@@ -150,3 +163,67 @@ class PeakRss:
     def _sample(self) -> None:
         while not self._stop.wait(0.02):
             self.peak = max(self.peak, rss_mb(self.pid))
+
+
+class AttackWindow:
+    """One attack's window: the neighbour's calls, and a process's RSS (peak sampled) and CPU.
+
+    `with AttackWindow(name, pid, neighbour) as window:` reads the figures before (after half a
+    second of the neighbour's calls warmed the process) and samples the peak; `settle()` after the
+    attacker left waits for the process to free what it held and reads the figures after.
+    """
+
+    def __init__(self, name: str, pid: int, neighbour: Background) -> None:
+        self.name, self.pid, self.neighbour = name, pid, neighbour
+        self.peak = PeakRss(pid)
+        self.p99 = 0.0
+        self.calls = 0
+
+    def __enter__(self) -> AttackWindow:
+        time.sleep(0.5)
+        self.rss_before, self.cpu_before = rss_mb(self.pid), cpu_seconds(self.pid)
+        self.rss_after, self.cpu_after = self.rss_before, self.cpu_before
+        self.started = time.monotonic()
+        self.peak.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.peak.__exit__(*exc)
+
+    def settle(self, seconds: float = 1.0) -> None:
+        time.sleep(seconds)
+        self.p99 = self.neighbour.p99_since(self.started)
+        self.calls = self.neighbour.calls_since(self.started)
+        self.rss_after, self.cpu_after = rss_mb(self.pid), cpu_seconds(self.pid)
+
+    @property
+    def cpu(self) -> float:
+        return self.cpu_after - self.cpu_before
+
+    def figures(self) -> dict[str, float | int]:
+        return {
+            "neighbour_calls": self.calls,
+            "neighbour_failures": len(self.neighbour.failures),
+            "neighbour_p99_ms": round(self.p99 * 1000),
+            "rss_before_mb": round(self.rss_before),
+            "rss_peak_mb": round(self.peak.peak),
+            "rss_after_mb": round(self.rss_after),
+            "cpu_s": round(self.cpu, 2),
+        }
+
+    def line(self, outcome: str) -> str:
+        return (
+            f"{self.name}: {outcome}; neighbour {self.calls} calls, p99 {self.p99 * 1000:.0f} ms, failures "
+            f"{len(self.neighbour.failures)}; RSS {self.rss_before:.0f} -> peak {self.peak.peak:.0f} -> "
+            f"{self.rss_after:.0f} MB, CPU {self.cpu:.2f} s"
+        )
+
+    def problems(self, p99_bound_s: float, rss_bound_mb: float) -> list[str]:
+        """What the neighbour and the process's memory say went wrong (empty: nothing)."""
+        found = [f"the neighbour saw {failure}" for failure in self.neighbour.failures[:3]]
+        if self.p99 >= p99_bound_s:
+            found.append(f"the neighbour's p99 was {self.p99:.2f} s (bound {p99_bound_s:g} s)")
+        if self.rss_after >= self.rss_before + rss_bound_mb:
+            before, after = self.rss_before, self.rss_after
+            found.append(f"RSS stayed at {after:.0f} MB after the attack, from {before:.0f} (bound +{rss_bound_mb:g})")
+        return found
