@@ -76,6 +76,8 @@ class Scene:
 class AttackPlan:
     """Sizes (scaled so each attack takes seconds beyond the gateway's own timeouts) and bounds."""
 
+    schema_depth: int = 900  # outlasts the engine's default --grammar-compile-timeout-s (10 s); 400 for 2 s
+    reused_id_trials: int = 8
     body_connections: int = 10
     body_streams: int = 10
     body_bytes: int = 3_900_000  # under the default --max-message-bytes (4 MiB)
@@ -91,7 +93,8 @@ class AttackPlan:
     watch_streams: int = 1000
     abort_deadline_s: float = 30.0
     p99_bound_s: float = BACKGROUND_P99_BOUND_S
-    rss_bound_mb: float = 100.0  # a client that never read made the gateway hold 455 MB
+    rss_bound_mb: float = 100.0  # the gateway's; a client that never read made it hold 455 MB
+    engine_rss_bound_mb: float = 300.0  # the engine's: a 4 MB prompt took it from 1.38 to 1.87 GB to stay
 
 
 @dataclass(slots=True)
@@ -106,17 +109,34 @@ class AttackResult:
         return not self.problems
 
 
-def _finish(window: AttackWindow, plan: AttackPlan, outcome: str, problems: list[str], **figures) -> AttackResult:
-    problems = problems + window.problems(plan.p99_bound_s, plan.rss_bound_mb)
+def finish(
+    window: AttackWindow,
+    plan: AttackPlan,
+    outcome: str,
+    problems: list[str],
+    rss_bound_mb: float | None = None,
+    **figures,
+) -> AttackResult:
+    """The attack's result: its own problems, then the neighbour's and the memory's."""
+    problems = problems + window.problems(plan.p99_bound_s, plan.rss_bound_mb if rss_bound_mb is None else rss_bound_mb)
     return AttackResult(window.name, window.line(outcome), {**window.figures(), **figures}, problems)
 
 
-def _endings_problems(endings: list[dict[int, attack.Ending]], streams: int, status: int, said: str) -> list[str]:
+def _endings_problems(
+    endings: list[dict[int, attack.Ending]], streams: int, status: int, said: str, peer_limit: int | None = None
+) -> list[str]:
+    """Every stream ended with `status` and a message containing `said`; with a per-peer in-flight
+    limit, the streams beyond it may instead have been refused for it."""
     found = []
     for each in endings:
         if len(each) != streams:
             found.append(f"{streams - len(each)} of {streams} streams on a connection had no answer")
-        wrong = [e for e in each.values() if e.status != status or said not in e.message]
+        refused = []
+        if peer_limit is not None:
+            refused = [
+                e for e in each.values() if e.status == RESOURCE_EXHAUSTED and "--max-in-flight-per-peer" in e.message
+            ]
+        wrong = [e for e in each.values() if (e.status != status or said not in e.message) and e not in refused]
         if wrong:
             found.append(f"{len(wrong)} streams ended otherwise, e.g. {wrong[0]}")
     return found
@@ -148,7 +168,7 @@ def abort_while_an_engine_is_stopped(scene: Scene, plan: AttackPlan) -> AttackRe
             finally:
                 elapsed = time.monotonic() - started
                 os.kill(scene.engine_pids[rank], signal.SIGCONT)
-            rejoined = _wait_rank(control, rank, metadata, timeout=30)
+            rejoined = wait_rank(control, rank, metadata, timeout=30)
         window.settle()
     bound = scene.limits.detection_s + 2.0
     problems = []
@@ -161,10 +181,11 @@ def abort_while_an_engine_is_stopped(scene: Scene, plan: AttackPlan) -> AttackRe
     if not rejoined:
         problems.append(f"rank {rank} did not rejoin within 30 s of SIGCONT")
     outcome = f"answered {code.name} in {elapsed * 1000:.0f} ms (client deadline {plan.abort_deadline_s:g} s)"
-    return _finish(window, plan, outcome, problems, answered_ms=round(elapsed * 1000), code=code.name)
+    return finish(window, plan, outcome, problems, answered_ms=round(elapsed * 1000), code=code.name)
 
 
-def _wait_rank(control, rank: int, metadata: list, timeout: float) -> bool:
+def wait_rank(control: control_pb2_grpc.ControlServiceStub, rank: int, metadata: list, timeout: float) -> bool:
+    """Whether a call pinned to `rank` succeeds within `timeout` (the gateway serves that rank)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -193,11 +214,12 @@ def bodies_without_end_stream(scene: Scene, plan: AttackPlan) -> AttackResult:
             ended = time.monotonic() - window.started
         attack.close_all(clients)
         window.settle()
-    problems = _endings_problems(endings, plan.body_streams, DEADLINE_EXCEEDED, "--request-body-timeout")
+    peer_limit = scene.limits.max_in_flight_per_peer
+    problems = _endings_problems(endings, plan.body_streams, DEADLINE_EXCEEDED, "--request-body-timeout", peer_limit)
     if window.cpu >= plan.bodies_cpu_bound_s:
         problems.append(f"collecting the bodies cost {window.cpu:.2f} s of CPU (bound {plan.bodies_cpu_bound_s:g} s)")
     outcome = f"all ended {ended:.1f} s after the first byte (--request-body-timeout {timeout:g})"
-    return _finish(window, plan, outcome, problems, ended_s=round(ended, 2))
+    return finish(window, plan, outcome, problems, ended_s=round(ended, 2))
 
 
 def headers_only_streams(scene: Scene, plan: AttackPlan) -> AttackResult:
@@ -216,11 +238,14 @@ def headers_only_streams(scene: Scene, plan: AttackPlan) -> AttackResult:
         left = scene.in_flight()
         attack.close_all(clients)
         window.settle()
-    problems = _endings_problems(endings, plan.headers_only_streams, DEADLINE_EXCEEDED, "--request-body-timeout")
+    peer_limit = scene.limits.max_in_flight_per_peer
+    problems = _endings_problems(
+        endings, plan.headers_only_streams, DEADLINE_EXCEEDED, "--request-body-timeout", peer_limit
+    )
     if left is not None and left > 1:  # the neighbour's own call, at most
         problems.append(f"{left:g} calls still in flight after every stream ended")
     outcome = f"all ended {ended:.1f} s after the first (--request-body-timeout {timeout:g})"
-    return _finish(window, plan, outcome, problems, ended_s=round(ended, 2))
+    return finish(window, plan, outcome, problems, ended_s=round(ended, 2))
 
 
 def a_client_at_its_in_flight_limit(scene: Scene, plan: AttackPlan) -> AttackResult:
@@ -248,7 +273,7 @@ def a_client_at_its_in_flight_limit(scene: Scene, plan: AttackPlan) -> AttackRes
     if left is not None and left > 1:
         problems.append(f"{left:g} calls still in flight after the client left")
     outcome = f"{limit} held, {limit} more refused in {refused_in * 1000:.0f} ms; another address served"
-    return _finish(window, plan, outcome, problems, refused_ms=round(refused_in * 1000))
+    return finish(window, plan, outcome, problems, refused_ms=round(refused_in * 1000))
 
 
 def idle_connection_flood(scene: Scene, plan: AttackPlan) -> AttackResult:
@@ -268,7 +293,7 @@ def idle_connection_flood(scene: Scene, plan: AttackPlan) -> AttackResult:
     if len(closed) != plan.idle_extra:
         problems.append(f"{len(closed)} of {count} connections closed (expected the {plan.idle_extra} past {cap})")
     outcome = f"{len(closed)} of {count} closed within {refused_in * 1000:.0f} ms; another address served"
-    return _finish(window, plan, outcome, problems, refused_ms=round(refused_in * 1000))
+    return finish(window, plan, outcome, problems, refused_ms=round(refused_in * 1000))
 
 
 def streams_never_read(scene: Scene, plan: AttackPlan) -> AttackResult:
@@ -294,7 +319,7 @@ def streams_never_read(scene: Scene, plan: AttackPlan) -> AttackResult:
         problems.append(
             f"RSS peaked at {window.peak.peak:.0f} MB from {window.rss_before:.0f} (bound +{plan.rss_bound_mb:g})"
         )
-    return _finish(window, plan, f"held for {plan.never_read_s:g} s", problems)
+    return finish(window, plan, f"held for {plan.never_read_s:g} s", problems)
 
 
 def keyless_watch_streams(scene: Scene, plan: AttackPlan) -> AttackResult:
@@ -315,7 +340,7 @@ def keyless_watch_streams(scene: Scene, plan: AttackPlan) -> AttackResult:
             f"RSS peaked at {window.peak.peak:.0f} MB from {window.rss_before:.0f} (bound +{plan.rss_bound_mb:g})"
         )
     outcome = f"all refused within {refused_in * 1000:.0f} ms"
-    return _finish(window, plan, outcome, problems, refused_ms=round(refused_in * 1000))
+    return finish(window, plan, outcome, problems, refused_ms=round(refused_in * 1000))
 
 
 Scenario = Callable[[Scene, AttackPlan], AttackResult]
