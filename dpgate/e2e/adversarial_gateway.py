@@ -125,7 +125,7 @@ def finish(
     return AttackResult(window.name, window.line(outcome), {**window.figures(), **figures}, problems)
 
 
-def _endings_problems(
+def judge_endings(
     endings: list[dict[int, attack.Ending]], streams: int, status: int, said: str, peer_limit: int | None = None
 ) -> list[str]:
     """Every stream ended with `status` and a message containing `said`; with a per-peer in-flight
@@ -227,7 +227,7 @@ def bodies_without_end_stream(scene: Scene, plan: AttackPlan) -> AttackResult:
         attack.close_all(clients)
         window.settle()
     peer_limit = scene.limits.max_in_flight_per_peer
-    problems = _endings_problems(endings, plan.body_streams, DEADLINE_EXCEEDED, "--request-body-timeout", peer_limit)
+    problems = judge_endings(endings, plan.body_streams, DEADLINE_EXCEEDED, "--request-body-timeout", peer_limit)
     if collect_cpu >= plan.bodies_cpu_bound_s:
         problems.append(f"collecting the bodies cost {collect_cpu:.2f} s of CPU (bound {plan.bodies_cpu_bound_s:g} s)")
     outcome = (
@@ -254,7 +254,7 @@ def headers_only_streams(scene: Scene, plan: AttackPlan) -> AttackResult:
         attack.close_all(clients)
         window.settle()
     peer_limit = scene.limits.max_in_flight_per_peer
-    problems = _endings_problems(
+    problems = judge_endings(
         endings, plan.headers_only_streams, DEADLINE_EXCEEDED, "--request-body-timeout", peer_limit
     )
     if left is not None and left > 1:  # the neighbour's own call, at most
@@ -282,7 +282,7 @@ def a_client_at_its_in_flight_limit(scene: Scene, plan: AttackPlan) -> AttackRes
         attack.close_all([holder, extra])
         window.settle()
     left = scene.in_flight()
-    problems += _endings_problems([refused], limit, RESOURCE_EXHAUSTED, "--max-in-flight-per-peer")
+    problems += judge_endings([refused], limit, RESOURCE_EXHAUSTED, "--max-in-flight-per-peer")
     if held is not None and not limit <= held <= limit + 1:
         problems.append(f"{held:g} calls in flight while the client held {limit}")
     if left is not None and left > 1:
@@ -349,7 +349,7 @@ def keyless_watch_streams(scene: Scene, plan: AttackPlan) -> AttackResult:
             refused_in = time.monotonic() - window.started
         attack.close_all(clients)
         window.settle()
-    problems = _endings_problems(endings, plan.watch_streams, UNAUTHENTICATED, "")
+    problems = judge_endings(endings, plan.watch_streams, UNAUTHENTICATED, "")
     if window.peak.peak >= window.rss_before + plan.rss_bound_mb:
         problems.append(
             f"RSS peaked at {window.peak.peak:.0f} MB from {window.rss_before:.0f} (bound +{plan.rss_bound_mb:g})"
