@@ -45,6 +45,9 @@ class SyntheticEngineConfig:
     num_tokens: int = 8
     token_delay_s: float = 0.0
     max_running: int | None = None
+    # Characters of text in each streamed delta: a large value makes a stream produce bytes as fast
+    # as a busy real deployment would, so a client that never reads can be tested in seconds.
+    delta_chars: int = 1
 
 
 class SyntheticEngine:
@@ -163,7 +166,7 @@ class SyntheticEngine:
                 )
                 await context.write(prompt.SerializeToString())
                 delta = generate_pb2.GenerateStreamResponse(
-                    delta=generate_pb2.Delta(text="x", token_ids=[7])
+                    delta=generate_pb2.Delta(text="x" * self.config.delta_chars, token_ids=[7])
                 ).SerializeToString()
                 delay = self.config.token_delay_s
                 for _ in range(num_tokens):
@@ -247,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-tokens", type=int, default=8, help="tokens when a request sets no max_tokens")
     parser.add_argument("--token-delay", type=float, default=0.0, help="seconds per generated token")
     parser.add_argument("--max-running", type=int, default=0, help="0: no limit; 1: like the real engine")
+    parser.add_argument("--delta-chars", type=int, default=1, help="characters of text in each streamed delta")
     parser.add_argument("--metrics-port", type=int)
     args = parser.parse_args(argv)
     config = SyntheticEngineConfig(
@@ -256,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         num_tokens=args.num_tokens,
         token_delay_s=args.token_delay,
         max_running=args.max_running or None,
+        delta_chars=args.delta_chars,
     )
 
     async def serve() -> None:

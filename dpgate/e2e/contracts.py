@@ -51,7 +51,8 @@ class Target:
     with netns hosts); `engines[i]` is DP rank i's HOST:PORT; `deadline` is a time.monotonic() value
     by which the workload must have returned (it checks it; the runner also enforces it);
     `processes` maps each host name ("gateway", "engine-0", ...) to the PID of its main process
-    (for memory figures from /proc); `hosts` is the placement, for workloads that cut a link."""
+    (for memory figures from /proc); `hosts` is the placement, for workloads that cut a link;
+    `gateway_metrics_port` is the port of the gateway's Prometheus metrics on its host, if any."""
 
     gateway: str
     engines: tuple[str, ...]
@@ -61,6 +62,7 @@ class Target:
     hosts: Hosts | None = None
     health_interval_s: float = 1.0
     log: Callable[[str], None] = print
+    gateway_metrics_port: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

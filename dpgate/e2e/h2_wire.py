@@ -131,8 +131,10 @@ class Seen:
 class H2Client:
     """One raw connection to the gateway. `handshake` sends the preface and SETTINGS."""
 
-    def __init__(self, port: int, timeout: float = 5.0, host: str = "127.0.0.1") -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 5.0, host: str = "127.0.0.1", source: str | None = None) -> None:
+        # `source`: the local address to connect from (127.0.0.2 is another peer to a gateway on loopback).
+        source_address = (source, 0) if source is not None else None
+        self.sock = socket.create_connection((host, port), timeout=timeout, source_address=source_address)
         self.buffer = b""
         self.decoder = Decoder()
         self.server_settings: dict[int, int] = {}

@@ -64,6 +64,7 @@ class Plan:
     settings: RunSettings
     engines: tuple[ChildSpec, ...]
     gateway: ChildSpec
+    gateway_metrics_port: int | None = None  # its Prometheus metrics (the adversarial workload reads them)
 
     @property
     def children(self) -> tuple[ChildSpec, ...]:
@@ -101,10 +102,13 @@ def engine_argv(settings: RunSettings, rank: int, address: str, port: int) -> tu
     return tuple(argv)
 
 
-def gateway_argv(settings: RunSettings, address: str, port: int, engines: list[str]) -> tuple[str, ...]:
+def gateway_argv(
+    settings: RunSettings, address: str, port: int, engines: list[str], metrics_port: int
+) -> tuple[str, ...]:
     interval = str(settings.health_interval_s)
     argv = [
         sys.executable, "-m", "dpgate", "gateway", "--host", address, "--port", str(port),
+        "--metrics-port", str(metrics_port),
         "--health-interval", interval, "--health-timeout", interval,
         # The runner stops the gateway only after the workloads: nothing is left to drain.
         "--drain-grace", "0", "--shutdown-timeout", "5",
@@ -125,9 +129,10 @@ def make_plan(settings: RunSettings, hosts: Hosts) -> Plan:
         engines.append(ChildSpec(name, address, port, argv, settings.run_dir / f"{name}.log"))
     address = hosts.address("gateway")
     port = free_port() if settings.gateway_port is None else settings.gateway_port
-    argv = gateway_argv(settings, address, port, [engine.endpoint for engine in engines])
+    metrics_port = free_port()
+    argv = gateway_argv(settings, address, port, [engine.endpoint for engine in engines], metrics_port)
     gateway = ChildSpec("gateway", address, port, argv, settings.run_dir / "gateway.log")
-    return Plan(settings, tuple(engines), gateway)
+    return Plan(settings, tuple(engines), gateway, metrics_port)
 
 
 def describe(plan: Plan, hosts: Hosts) -> str:

@@ -41,6 +41,7 @@ def make_target(plan: Plan, hosts: Hosts, children: list[Child], deadline: float
         hosts=hosts,
         health_interval_s=plan.settings.health_interval_s,
         log=log,
+        gateway_metrics_port=plan.gateway_metrics_port,
     )
 
 

@@ -23,6 +23,7 @@ REGISTRY: dict[str, str] = {
     "fault": "dpgate.e2e.fault:run",
     "load": "dpgate.e2e.load:run",
     "fuzz": "dpgate.e2e.fuzz:run",
+    "adversarial": "dpgate.e2e.adversarial:run",
 }
 
 

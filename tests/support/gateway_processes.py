@@ -13,12 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 
+from dpgate.e2e.neighbour import scrape as scrape  # re-exported: the tests import it from here
 from dpgate.ports import free_port
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2, generate_pb2_grpc
 from tests.support.health import poll_until_serving
@@ -50,17 +50,6 @@ def read_line(process: subprocess.Popen, marker: str, timeout: float) -> str:
             if not line and process.poll() is not None:
                 break
     raise RuntimeError(f"process {process.args[:4]} printed no {marker!r} (exit {process.poll()})")
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Prometheus samples as {'name{labels}': value}."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
-    return samples
 
 
 def wait_ranks(address: str, ranks: list[int], timeout: float = 30) -> None:

@@ -13,24 +13,19 @@ The figures (time to refuse each attack, the background's p99 during each) are p
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from dpgate.v1 import generate_pb2 as pb
+from dpgate.e2e.adversarial_engine import poisons, reuse_ids_after_cancel, send
+from dpgate.e2e.neighbour import BACKGROUND_P99_BOUND_S, Background, rss_mb
 from dpgate.v1 import generate_pb2_grpc
-from tests.support.gateway_processes import scrape
 from tests.support.processes import free_port, running
-
-BACKGROUND_P99_BOUND_S = 3.0  # generous: a busy 2-core CI machine; the stall before was 7-44 s
 
 
 def children_rss_mb(pid: int) -> float:
@@ -40,78 +35,6 @@ def children_rss_mb(pid: int) -> float:
         for child in (task / "children").read_text().split():
             total += rss_mb(int(child))
     return total
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-class Background:
-    """A neighbour: small calls and health probes, timed, on threads of its own."""
-
-    def __init__(self, address: str, metrics_port: int | None = None):
-        self.metrics_port = metrics_port
-        self.channel = grpc.insecure_channel(address)
-        self.inference = generate_pb2_grpc.InferenceServiceStub(self.channel)
-        self.health = health_pb2_grpc.HealthStub(self.channel)
-        self.stop = threading.Event()
-        self.latencies: list[tuple[float, float]] = []  # (finished at, seconds)
-        self.failures: list[str] = []
-        self.threads = [threading.Thread(target=self._calls), threading.Thread(target=self._probes)]
-
-    def __enter__(self) -> Background:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        for thread in self.threads:
-            thread.join()
-        self.channel.close()
-
-    def _calls(self) -> None:
-        request = pb.GenerateRequest(
-            token_ids=pb.TokenIds(ids=[1, 5, 6, 7]), stopping=pb.StoppingCriteria(max_tokens=4, ignore_eos=True)
-        )
-        while not self.stop.is_set():
-            started = time.monotonic()
-            try:
-                reply = self.inference.Generate(request, timeout=30)
-                if len(reply.token_ids) != 4:
-                    self.failures.append(f"call: {len(reply.token_ids)} tokens")
-            except grpc.RpcError as error:
-                self.failures.append(f"call: {error.code().name} {error.details()}")
-            self.latencies.append((time.monotonic(), time.monotonic() - started))
-            self.stop.wait(0.1)
-
-    def _probes(self) -> None:
-        while not self.stop.is_set():
-            try:
-                status = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2).status
-                if status != health_pb2.HealthCheckResponse.SERVING:
-                    self.failures.append(f"health: {status}")
-            except grpc.RpcError as error:
-                self.failures.append(f"health: {error.code().name}")
-            if self.metrics_port is not None:
-                self._check_gateway_view()
-            self.stop.wait(0.05)
-
-    def _check_gateway_view(self) -> None:
-        """The gateway's view of its engine: healthy, circuit closed (0), at every probe."""
-        for name, value in scrape(self.metrics_port).items():
-            if name.startswith("dpgate_gateway_circuit_state{") and value != 0:
-                self.failures.append(f"breaker: {name} = {value}")
-            if name.startswith("dpgate_gateway_engine_healthy{") and value != 1:
-                self.failures.append(f"engine health: {name} = {value}")
-
-    def p99_since(self, since: float) -> float:
-        window = sorted(seconds for at, seconds in self.latencies if at >= since)
-        return window[min(len(window) - 1, int(0.99 * len(window)))] if window else 0.0
 
 
 @dataclass
@@ -150,72 +73,6 @@ def target(request, tiny_model_dir):
             yield Target(proc.address, engine_pid_of(proc.process.pid), metrics_port, proc.process.pid)
 
 
-def nested_schema_text(depth: int) -> str:
-    """xgrammar's conversion of this grows steeply: depth 400 took 5.7 s, 900 took 59 s."""
-    schema: dict = {"type": "string"}
-    for _ in range(depth):
-        schema = {"type": "array", "items": schema}
-    return json.dumps({"type": "object", "properties": {"x": schema}})
-
-
-def chat(**fields) -> pb.ChatRequest:
-    return pb.ChatRequest(messages=[pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="hi")], **fields)
-
-
-def poison_attacks(inference) -> dict[str, tuple[grpc.StatusCode, str]]:
-    """name -> (code expected, a part of the message)."""
-    kwargs_nan = chat()
-    kwargs_nan.chat_template_kwargs.update({"x": float("nan")})
-    ids = pb.TokenIds(ids=[1, 2, 3])
-    return {
-        "temperature 1e-40": (
-            lambda: inference.Generate(
-                pb.GenerateRequest(token_ids=ids, sampling=pb.SamplingParams(temperature=1e-40))
-            ),
-            (grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
-        ),
-        "repetition_penalty 1e-40": (
-            lambda: inference.Generate(
-                pb.GenerateRequest(token_ids=ids, sampling=pb.SamplingParams(temperature=1.0, repetition_penalty=1e-40))
-            ),
-            (grpc.StatusCode.INVALID_ARGUMENT, "sampling.repetition_penalty"),
-        ),
-        "temperature inf, min_tokens 2": (
-            lambda: inference.Generate(
-                pb.GenerateRequest(
-                    token_ids=ids,
-                    sampling=pb.SamplingParams(temperature=float("inf")),
-                    stopping=pb.StoppingCriteria(min_tokens=2, max_tokens=4),
-                )
-            ),
-            (grpc.StatusCode.INVALID_ARGUMENT, "sampling.temperature"),
-        ),
-        "4 MB prompt": (
-            lambda: inference.Generate(pb.GenerateRequest(text="word " * 800_000), timeout=60),
-            (grpc.StatusCode.INVALID_ARGUMENT, "prompt text has 4000000 characters"),
-        ),
-        "100,000 stop strings": (
-            lambda: inference.Generate(
-                pb.GenerateRequest(token_ids=ids, stopping=pb.StoppingCriteria(stop=[f"s{i}" for i in range(100_000)]))
-            ),
-            (grpc.StatusCode.INVALID_ARGUMENT, "--max-stop-strings"),
-        ),
-        "NaN in chat_template_kwargs": (
-            lambda: inference.Chat(kwargs_nan),
-            (grpc.StatusCode.INVALID_ARGUMENT, "chat_template_kwargs.x"),
-        ),
-        "json_schema nested 400 deep": (
-            lambda: inference.Generate(
-                pb.GenerateRequest(
-                    token_ids=ids, structured_output=pb.StructuredOutput(json_schema=nested_schema_text(400))
-                ),
-                timeout=120,
-            ),
-            (grpc.StatusCode.INVALID_ARGUMENT, "--grammar-compile-timeout-s"),
-        ),
-    }
-
-
 def test_attacks_are_refused_and_the_neighbour_never_notices(target):
     pid = target.engine_pid
     with (
@@ -227,15 +84,13 @@ def test_attacks_are_refused_and_the_neighbour_never_notices(target):
         rss_before = rss_mb(pid)
         gateway_before = rss_mb(target.gateway_pid) if target.gateway_pid else 0.0
         figures = []
-        for name, (attack, (code, said)) in poison_attacks(inference).items():
+        for poison in poisons(schema_depth=400):  # 400 deep outlasts the 2 s compile budget
             started = time.monotonic()
-            with pytest.raises(grpc.RpcError) as refused:
-                attack()
+            problem = send(inference, poison)
             elapsed = time.monotonic() - started
-            assert refused.value.code() == code, (name, refused.value.code(), refused.value.details())
-            assert said in refused.value.details(), (name, refused.value.details())
+            assert problem is None, problem
             time.sleep(0.3)  # let the neighbour's next calls land in this attack's window
-            figures.append((name, elapsed, background.p99_since(started)))
+            figures.append((poison.name, elapsed, background.p99_since(started)))
 
         started = time.monotonic()
         reused_ok = reuse_ids_after_cancel(inference, trials=8)
@@ -261,35 +116,3 @@ def test_attacks_are_refused_and_the_neighbour_never_notices(target):
     assert max(p99 for _, _, p99 in figures) < BACKGROUND_P99_BOUND_S, figures
     assert rss_after < rss_before + 300, (rss_before, rss_after)
     assert gateway_after < gateway_before + 100, (gateway_before, gateway_after)
-
-
-def reuse_ids_after_cancel(inference, trials: int) -> int:
-    """Stream A with an id, cancel after 3 messages, at once stream B with the same id: B must end
-    with its own LENGTH finish and its own token count (it got A's ABORTED output in 24 of 36)."""
-    ok = 0
-    for trial in range(trials):
-        request_id = f"reuse-{os.getpid()}-{trial}"
-        a = inference.GenerateStream(
-            pb.GenerateStreamRequest(
-                request_id=request_id,
-                token_ids=pb.TokenIds(ids=[1, 9, 9, 9]),
-                stopping=pb.StoppingCriteria(max_tokens=400, ignore_eos=True),
-            )
-        )
-        for _ in range(3):
-            next(a)
-        a.cancel()
-        b = list(
-            inference.GenerateStream(
-                pb.GenerateStreamRequest(
-                    request_id=request_id,
-                    token_ids=pb.TokenIds(ids=[1, 4, 4]),
-                    stopping=pb.StoppingCriteria(max_tokens=6, ignore_eos=True),
-                ),
-                timeout=30,
-            )
-        )
-        finish = b[-1].finish
-        tokens = sum(len(m.delta.token_ids) for m in b if m.HasField("delta"))
-        ok += finish.reason == pb.FINISH_REASON_LENGTH and tokens == 6
-    return ok
