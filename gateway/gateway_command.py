@@ -25,6 +25,7 @@ from gateway.config import (
     read_api_key_file,
     validate_config,
 )
+from gateway.heap import keep_mmap_threshold
 from gateway.routing import POLICIES
 
 logger = logging.getLogger("dpgate.gateway")
@@ -267,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"dpgate gateway: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
     configure_logging(config.log_format)
+    keep_mmap_threshold()  # request bodies of megabytes are freed back to the system (gateway/heap.py)
     import uvloop
 
     try:
