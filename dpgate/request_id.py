@@ -10,15 +10,23 @@ It is unrelated to the `request_id` body field of Generate, which names a reques
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Sequence
 
 REQUEST_ID_KEY = "x-request-id"
 MAX_REQUEST_ID_LENGTH = 128
 
 
+# The bits RFC 9562 fixes in a version 4 UUID: version 4 (0100) and variant 10.
+_UUID4_CLEAR = (0xF000 << 64) | (0xC000 << 48)
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
 def new_request_id() -> str:
-    return uuid.uuid4().hex
+    """A random uuid4 in hex, what `uuid.uuid4().hex` gives, at half its cost (no UUID object):
+    the gateway makes one for every call that brings none."""
+    value = int.from_bytes(os.urandom(16))
+    return f"{(value & ~_UUID4_CLEAR) | _UUID4_SET:032x}"
 
 
 def request_id_problem(values: Sequence[str | bytes]) -> str | None:

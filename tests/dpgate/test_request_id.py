@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 
-from dpgate.request_id import MAX_REQUEST_ID_LENGTH, request_id_problem, resolve_request_id
+from dpgate.request_id import MAX_REQUEST_ID_LENGTH, new_request_id, request_id_problem, resolve_request_id
 
 
 @pytest.mark.parametrize("value", ["a", "req-1/2 x", "~" * MAX_REQUEST_ID_LENGTH, b"bytes-ok"])
@@ -34,3 +35,11 @@ def test_an_unusable_id_is_replaced_by_a_fresh_one(values, problem):
     second, _ = resolve_request_id(values)
     assert reason == problem
     assert re.fullmatch("[0-9a-f]{32}", first) and first != second
+
+
+def test_a_new_id_is_a_version_4_uuid_in_hex():
+    for _ in range(200):
+        made = new_request_id()
+        parsed = uuid.UUID(hex=made)
+        assert parsed.hex == made and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+    assert len({new_request_id() for _ in range(200)}) == 200
