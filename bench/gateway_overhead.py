@@ -299,7 +299,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=1000, help="sequential calls for latency")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=3.0, help="seconds per throughput run")
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per throughput run")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per call from the synthetic engine")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; each figure is their median")
     parser.add_argument("--no-envoy", action="store_true", help="leave Envoy out")
