@@ -109,15 +109,14 @@ class BatchedStreamHandler(logging.StreamHandler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             self._waiting.append(self.format(record) + self.terminator)
-            if self._flush_scheduled:
-                return
             try:
                 loop = asyncio.get_running_loop()
-            except RuntimeError:  # not on a loop's thread: nothing would flush later
+            except RuntimeError:  # not on a loop's thread (or its loop has stopped): write now
                 self.flush()
                 return
-            self._flush_scheduled = True
-            loop.call_soon(self._flush_from_loop)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                loop.call_soon(self._flush_from_loop)
         except RecursionError:
             raise
         except Exception:

@@ -116,3 +116,15 @@ def test_batched_lines_on_a_loop_leave_in_one_write_at_the_end_of_the_iteration_
     asyncio.run(log_on_the_loop())
     handler.handle(record("off the loop %s", 4))  # no loop on this thread: written at once
     assert stream.getvalue() == "line 0\nline 1\nline 2\nline 3\noff the loop 4\n"
+
+    def log_and_stop() -> None:
+        handler.handle(record("last on the loop %s", 5))
+        loop.stop()  # the loop ends with this iteration: the flush it scheduled never runs
+
+    loop = asyncio.new_event_loop()
+    loop.call_soon(log_and_stop)
+    loop.run_forever()
+    loop.close()
+    assert stream.getvalue().endswith("off the loop 4\n")
+    handler.handle(record("after the loop %s", 6))  # still written at once, the waiting line first
+    assert stream.getvalue().endswith("off the loop 4\nlast on the loop 5\nafter the loop 6\n")
