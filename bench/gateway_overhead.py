@@ -1,9 +1,10 @@
 """Gateway overhead: the same calls made directly to an engine and through the gateway.
 
 Starts a synthetic engine (bench/synthetic_engine.py, no model), the gateway in front of it, and
-as a peer a bare grpc.aio pass-through proxy (raw bytes relayed with no metadata parsing, routing,
+two peers: a bare grpc.aio pass-through proxy (raw bytes relayed with no metadata parsing, routing,
 health or metrics: what a grpc.aio gateway costs before it does any work; the gateway was first
-built on grpc.aio), each in its own process. Then it measures from this
+built on grpc.aio) and Envoy with one worker (bench/envoy_peer.py: the proxy the field trusts, in
+front of llm-d and Envoy AI Gateway), each in its own process. Then it measures from this
 process, for each target:
 - concurrency 1: p50/p99 latency of unary Generate and of whole GenerateStream calls;
 - concurrency C (default 64): unary calls/s and streamed messages/s, plus the CPU time the
@@ -11,10 +12,13 @@ process, for each target:
   core could relay: on a small machine client, engine and proxy share the cores, so the
   wall-clock rate understates what a gateway host would do.
 The client sends pre-serialized requests and reads raw bytes, so its own cost is small and the
-same for every target.
+same for every target. One run on a shared machine moves by up to 2x, so the targets are measured
+in turn, `--repeats` times (each round in a rotated order, so none always runs first or last), and
+every figure is the median of its rounds; each round's figures are kept in the JSON.
 
-    python bench/gateway_overhead.py                 # the figures in docs/performance.md
-    python bench/gateway_overhead.py --duration 2    # quicker
+    python bench/gateway_overhead.py                 # the figures in docs/performance.md (a few minutes)
+    python bench/gateway_overhead.py --duration 1 --repeats 1    # quicker
+    python bench/gateway_overhead.py --no-install    # Envoy only if already installed, else without it
     python bench/gateway_overhead.py --json FILE     # also write the figures as JSON (bench/report.py)
 """
 
@@ -40,6 +44,13 @@ ROOT = Path(__file__).resolve().parent.parent
 GENERATE = "/dpgate.v1.InferenceService/Generate"
 GENERATE_STREAM = "/dpgate.v1.InferenceService/GenerateStream"
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+ENVOY = "Envoy 1.40, one worker (peer)"
+ROLES = {
+    "direct": "direct",
+    "bare grpc.aio proxy (peer)": "peer",
+    ENVOY: "envoy",
+    "dpgate gateway": "dpgate",
+}
 
 
 @dataclass(slots=True)
@@ -139,12 +150,30 @@ async def measure(address: str, proxy_pid: int | None, args: argparse.Namespace)
     return results
 
 
+def median_results(rounds: list[list[Result]]) -> list[Result]:
+    """Each scenario's figures as the median over the rounds (the same scenarios in the same order)."""
+    medians = []
+    for same in zip(*rounds, strict=True):
+        cpu = [r.cpu_us for r in same if r.cpu_us is not None]
+        medians.append(
+            Result(
+                same[0].scenario,
+                statistics.median(r.p50_ms for r in same),
+                statistics.median(r.p99_ms for r in same),
+                statistics.median(r.per_second for r in same),
+                statistics.median(cpu) if cpu else None,
+            )
+        )
+    return medians
+
+
 def report(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
     from machine import describe_machine
 
     print(f"\nsynthetic engine, {args.tokens} tokens a call ({args.tokens + 2} messages a stream); "
-          f"{args.calls} sequential calls for latency, {args.duration:.0f} s per throughput run; "
-          f"{os.cpu_count()} CPUs shared by client, engine and proxy")  # fmt: skip
+          f"{args.calls} sequential calls for latency, {args.duration:g} s per throughput run; "
+          f"median of {args.repeats} interleaved rounds; "
+          f"{os.cpu_count()} CPUs shared by client, engine and proxy, on a busy machine")  # fmt: skip
     print(describe_machine(with_torch=False))
     direct = targets["direct"]
     for name, results in targets.items():
@@ -159,20 +188,52 @@ def report(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
                 if result.cpu_us is not None:
                     line += f"  proxy CPU {result.cpu_us:6.1f} us each = {1e6 / result.cpu_us:8,.0f} {unit} per core"
                 print(line)
+    if ENVOY in targets:
+        print_against_envoy(targets, args)
 
 
-def write_json(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
-    """The figures for bench/report.py: each target's scenarios, with its role (direct, peer, dpgate)."""
+def print_against_envoy(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
+    """dpgate / Envoy for the figures issue 27 sets targets on (a ratio under 1 is better for dpgate,
+    except for the rates)."""
+    direct, envoy, ours = ({r.scenario: r for r in targets[name]} for name in ("direct", ENVOY, "dpgate gateway"))
+    c = args.concurrency
+    rows = []
+    for kind in ("unary", "stream"):
+        base = direct[f"{kind} c=1"].p50_ms
+        rows.append((f"{kind} added p50 at c=1 (ms)", ours[f"{kind} c=1"].p50_ms - base,
+                     envoy[f"{kind} c=1"].p50_ms - base))  # fmt: skip
+        rows.append((f"{kind} p99 at c=1 (ms)", ours[f"{kind} c=1"].p99_ms, envoy[f"{kind} c=1"].p99_ms))
+        unit = "calls/s" if kind == "unary" else "messages/s"
+        rows.append((f"{kind} {unit} at c={c}", ours[f"{kind} c={c}"].per_second, envoy[f"{kind} c={c}"].per_second))
+        rows.append((f"proxy CPU per {kind} {'call' if kind == 'unary' else 'message'} (us)",
+                     ours[f"{kind} c={c}"].cpu_us or 0.0, envoy[f"{kind} c={c}"].cpu_us or 0.0))  # fmt: skip
+    print("\ndpgate against Envoy (medians)")
+    for figure, value, peer in rows:
+        ratio = f"{value / peer:6.2f}x" if peer > 0 else "     -"
+        print(f"  {figure:<34} dpgate {value:10.3f}  Envoy {peer:10.3f}  {ratio}")
+
+
+def write_json(
+    targets: dict[str, list[Result]], rounds: dict[str, list[list[Result]]], args: argparse.Namespace
+) -> None:
+    """The figures for bench/report.py: each target's scenarios (medians) with its role (direct, peer,
+    envoy, dpgate), and each round's scenarios under `rounds`."""
     from results import write_results
 
-    roles = dict(zip(targets, ("direct", "peer", "dpgate"), strict=True))
     results = {
         "tokens": args.tokens,
         "calls": args.calls,
         "duration_s": args.duration,
         "concurrency": args.concurrency,
+        "repeats": args.repeats,
         "targets": [
-            {"name": name, "role": roles[name], "scenarios": [asdict(r) for r in rs]} for name, rs in targets.items()
+            {
+                "name": name,
+                "role": ROLES[name],
+                "scenarios": [asdict(r) for r in rs],
+                "rounds": [[asdict(r) for r in round_] for round_ in rounds[name]],
+            }
+            for name, rs in targets.items()
         ],
     }
     write_results(args.json, "gateway_overhead", results, with_torch=False)
@@ -211,18 +272,46 @@ def serve_bare_proxy(engine: str) -> None:
     uvloop.run(main())
 
 
+def start_envoy(engine_address: str, args: argparse.Namespace, started: list[subprocess.Popen]) -> str | None:
+    """Envoy relaying to the engine (installed first where missing, unless --no-install); its address,
+    or None with a line saying why it is left out."""
+    import envoy_peer
+
+    from dpgate.cache_dir import dpgate_cache_dir
+    from dpgate.ports import free_port
+
+    cache = dpgate_cache_dir()
+    if args.no_envoy or (args.no_install and not envoy_peer.installed(cache)):
+        print("Envoy left out of this run (--no-envoy, or --no-install and not installed)")
+        return None
+    envoy = envoy_peer.install(cache)
+    port = free_port()
+    config = cache / "envoy-gateway-overhead" / f"relay-{os.getpid()}.json"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(
+        envoy_peer.command(envoy, config, port, engine_address), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    started.append(process)
+    return f"127.0.0.1:{port}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--calls", type=int, default=2000, help="sequential calls for latency")
+    parser.add_argument("--calls", type=int, default=1000, help="sequential calls for latency")
     parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per throughput run")
+    parser.add_argument("--duration", type=float, default=2.0, help="seconds per throughput run")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per call from the synthetic engine")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; each figure is their median")
+    parser.add_argument("--no-envoy", action="store_true", help="leave Envoy out")
+    parser.add_argument("--no-install", action="store_true", help="use Envoy only if it is already installed")
     parser.add_argument("--bare-proxy", metavar="ENGINE", help=argparse.SUPPRESS)  # internal: run the floor
     add_json_argument(parser)
     args = parser.parse_args()
     if args.bare_proxy:
         serve_bare_proxy(args.bare_proxy)
         return 0
+    if args.repeats < 1 or args.calls < 2 or args.duration <= 0 or args.concurrency < 1:
+        parser.error("--repeats and --concurrency must be at least 1, --calls at least 2, --duration positive")
     python = sys.executable
     started: list[subprocess.Popen] = []
     try:
@@ -233,20 +322,32 @@ def main() -> int:
         started.append(engine)
         bare, bare_address = start_process([python, __file__, "--bare-proxy", engine_address], "listening on ")
         started.append(bare)
+        addresses: dict[str, tuple[str, int | None]] = {
+            "direct": (engine_address, None),
+            "bare grpc.aio proxy (peer)": (bare_address, bare.pid),
+        }
+        envoy_address = start_envoy(engine_address, args, started)
+        if envoy_address is not None:
+            addresses[ENVOY] = (envoy_address, started[-1].pid)
         gateway, gateway_address = start_process(
             [python, "-m", "dpgate.cli", "gateway", "--port", "0", "--engine", engine_address],
             "listening on ",
         )
         started.append(gateway)
+        addresses["dpgate gateway"] = (gateway_address, gateway.pid)
         import uvloop
 
-        targets = {
-            "direct": uvloop.run(measure(engine_address, None, args)),
-            "bare grpc.aio proxy (peer)": uvloop.run(measure(bare_address, bare.pid, args)),
-            "dpgate gateway": uvloop.run(measure(gateway_address, gateway.pid, args)),
-        }
+        rounds: dict[str, list[list[Result]]] = {name: [] for name in addresses}
+        names = list(addresses)
+        for round_number in range(args.repeats):
+            shift = round_number % len(names)
+            for name in names[shift:] + names[:shift]:
+                address, pid = addresses[name]
+                rounds[name].append(uvloop.run(measure(address, pid, args)))
+            print(f"round {round_number + 1}/{args.repeats} done", flush=True)
+        targets = {name: median_results(rounds[name]) for name in names}
         report(targets, args)
-        write_json(targets, args)
+        write_json(targets, rounds, args)
     finally:
         stop_processes(started)
     return 0

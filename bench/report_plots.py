@@ -105,13 +105,14 @@ def gateway_added_latency(record: dict, path: Path) -> str:
     direct = {s["scenario"]: s for s in targets["direct"]["scenarios"]}
     scenarios = [name for name, s in direct.items() if s["p50_ms"]]
     figure, axes = plt.subplots(figsize=(8, 4.2))
-    width = 0.2
-    bars = (("peer", "p50"), ("peer", "p99"), ("dpgate", "p50"), ("dpgate", "p99"))
+    colors = {"peer": "tab:orange", "envoy": "tab:green", "dpgate": "tab:blue"}
+    bars = [(role, q) for role in colors if role in targets for q in ("p50", "p99")]
+    width = 0.8 / len(bars)
     for offset, (role, q) in enumerate(bars):
         by_name = {s["scenario"]: s for s in targets[role]["scenarios"]}
         added = [by_name[name][f"{q}_ms"] - direct[name][f"{q}_ms"] for name in scenarios]
-        positions = [i + (offset - 1.5) * width for i in range(len(scenarios))]
-        color = "tab:orange" if role == "peer" else "tab:blue"
+        positions = [i + (offset - (len(bars) - 1) / 2) * width for i in range(len(scenarios))]
+        color = colors[role]
         axes.bar(positions, added, width, color=color, alpha=0.45 if q == "p99" else 1.0,
                  label=f"{targets[role]['name']} {q}")  # fmt: skip
     axes.axhline(0, color="black", linewidth=0.6)

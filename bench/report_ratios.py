@@ -113,25 +113,40 @@ def startup_rows(record: dict) -> list[Row]:
 
 
 def gateway_rows(record: dict) -> list[Row]:
+    """dpgate's gateway against each proxy of the run: Envoy (one worker) where the run had it, then
+    the bare grpc.aio relay. Added latency is a ratio only where both proxies add some (a proxy can
+    make a stream faster than a direct call, by sending its messages in fewer packets): otherwise
+    the row compares the whole p50."""
     results, cpu = record["results"], cpu_label(record["machine"])
-    targets = {t["role"]: {s["scenario"]: s for s in t["scenarios"]} for t in results["targets"]}
-    direct, peer, ours = targets["direct"], targets["peer"], targets["dpgate"]
-    name = next(t["name"] for t in results["targets"] if t["role"] == "peer").removesuffix(" (peer)")
+    by_role = {t["role"]: t for t in results["targets"]}
+    targets = {role: {s["scenario"]: s for s in t["scenarios"]} for role, t in by_role.items()}
+    direct, ours = targets["direct"], targets["dpgate"]
     c = results["concurrency"]
-    rows = []
-    for kind in ("unary", "stream"):
-        base = direct[f"{kind} c=1"]["p50_ms"]
-        rows.append(Row(f"{kind} call, added p50 latency at c=1", ours[f"{kind} c=1"]["p50_ms"] - base, name,
-                        peer[f"{kind} c=1"]["p50_ms"] - base, "ms", "lower", cpu))  # fmt: skip
     unit = {"unary": "calls/s", "stream": "messages/s"}
-    for kind in ("unary", "stream"):
-        scenario = f"{kind} c={c}"
-        rows.append(Row(f"{kind} {unit[kind]} at c={c}", ours[scenario]["per_second"], name,
-                        peer[scenario]["per_second"], unit[kind], "higher", cpu))  # fmt: skip
-        if ours[scenario]["cpu_us"] and peer[scenario]["cpu_us"]:
-            what = "call" if kind == "unary" else "relayed message"
-            rows.append(Row(f"proxy CPU per {what} at c={c}", ours[scenario]["cpu_us"], name,
-                            peer[scenario]["cpu_us"], "us", "lower", cpu))  # fmt: skip
+    rows = []
+    for role in ("envoy", "peer"):
+        if role not in targets:
+            continue
+        peer, name = targets[role], by_role[role]["name"].removesuffix(" (peer)")
+        for kind in ("unary", "stream"):
+            base, mine, theirs = direct[f"{kind} c=1"]["p50_ms"], ours[f"{kind} c=1"], peer[f"{kind} c=1"]
+            if mine["p50_ms"] > base and theirs["p50_ms"] > base:
+                rows.append(Row(f"{kind} call, added p50 latency at c=1", mine["p50_ms"] - base, name,
+                                theirs["p50_ms"] - base, "ms", "lower", cpu))  # fmt: skip
+            else:
+                rows.append(Row(f"{kind} call, p50 latency at c=1 (direct {base:.3f} ms)", mine["p50_ms"], name,
+                                theirs["p50_ms"], "ms", "lower", cpu))  # fmt: skip
+            if role == "envoy":
+                rows.append(Row(f"{kind} call, p99 latency at c=1", mine["p99_ms"], name, theirs["p99_ms"], "ms",
+                                "lower", cpu))  # fmt: skip
+        for kind in ("unary", "stream"):
+            scenario = f"{kind} c={c}"
+            rows.append(Row(f"{kind} {unit[kind]} at c={c}", ours[scenario]["per_second"], name,
+                            peer[scenario]["per_second"], unit[kind], "higher", cpu))  # fmt: skip
+            if ours[scenario]["cpu_us"] and peer[scenario]["cpu_us"]:
+                what = "call" if kind == "unary" else "relayed message"
+                rows.append(Row(f"proxy CPU per {what} at c={c}", ours[scenario]["cpu_us"], name,
+                                peer[scenario]["cpu_us"], "us", "lower", cpu))  # fmt: skip
     return rows
 
 

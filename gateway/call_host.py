@@ -32,12 +32,8 @@ class CallHost(Protocol):
         """The engine for a call: the pinned rank's, else the policy's pick among the usable others."""
         ...
 
-    def record(self, rpc: str, code: grpc.StatusCode, start: float) -> None:
-        """Count an ended call by rpc and code, and its latency."""
-        ...
-
-    def log_call(self, rpc: str, code: grpc.StatusCode, rank: int | None, start: float, request_id: str) -> None:
-        """One access-log line for an ended call."""
+    def call_ended(self, rpc: str, code: grpc.StatusCode, rank: int | None, start: float, request_id: str) -> None:
+        """Count, time and log an ended call (its in-flight gauge, its code, its latency, its access line)."""
         ...
 
     def record_outcome(self, engine: EngineClient, outcome: str | CallEvent) -> None:

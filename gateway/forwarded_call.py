@@ -472,10 +472,8 @@ class ForwardedCall:
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
-        forwarder.metrics.in_flight.dec()
         forwarder.calls.discard(self)
-        forwarder.record(self._rpc, code, self._start)
-        forwarder.log_call(self._rpc, code, self._served_rank, self._start, self._request_id)
+        forwarder.call_ended(self._rpc, code, self._served_rank, self._start, self._request_id)
 
     # --- Abort fans out -----------------------------------------------------------------------
 

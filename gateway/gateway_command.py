@@ -244,10 +244,12 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 
 async def serve(config: GatewayConfig) -> None:
     """Run until SIGTERM/SIGINT, then drain."""
+    from gateway.gc_settings import settle_after_start
     from gateway.server import GatewayServer
 
     gateway = GatewayServer(config)
     port = await gateway.start()
+    settle_after_start()
     metrics = f", metrics on {config.host}:{gateway.metrics_port}" if gateway.metrics_port is not None else ""
     http = f", OpenAI HTTP API on http://{config.host}:{gateway.http_port}" if gateway.http_port is not None else ""
     print(f"dpgate gateway listening on {config.host}:{port}{metrics}{http}", flush=True)
@@ -267,7 +269,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"dpgate gateway: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
-    configure_logging(config.log_format)
+    # One access line a call: written once per loop iteration, and without the process fields
+    # LogRecord would look up for each line (no format of dpgate.logs shows them).
+    configure_logging(config.log_format, batch_writes=True)
+    logging.logProcesses = logging.logMultiprocessing = False
     keep_mmap_threshold()  # request bodies of megabytes are freed back to the system (gateway/heap.py)
     import uvloop
 

@@ -114,9 +114,15 @@ class GatewayMetrics:
 
         for reason in RefusalReason:
             self.engines_refused.labels(reason=reason.value)
+        # Each unpinned call counts its reason: the child is looked up once (labels() takes a lock
+        # and builds a key each time; issue 27 measured the gateway's path per call).
+        self._routed_by_reason: dict[str, Counter] = {}
 
     def record_route(self, reason: str, rank: int, prompt_tokens: int, cached_tokens: int) -> None:
-        self.routed_by_reason.labels(reason=reason).inc()
+        counter = self._routed_by_reason.get(reason)
+        if counter is None:
+            counter = self._routed_by_reason[reason] = self.routed_by_reason.labels(reason=reason)
+        counter.inc()
         if prompt_tokens:
             self.hashed_prompt_tokens.labels(rank=str(rank)).inc(prompt_tokens)
             self.predicted_cached_tokens.labels(rank=str(rank)).inc(cached_tokens)

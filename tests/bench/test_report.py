@@ -11,11 +11,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import envoy_peer
 import pytest
 import report
 import report_plots
 import report_render
 from PIL import Image
+
+from dpgate.cache_dir import dpgate_cache_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -177,7 +180,9 @@ def test_a_quick_real_run_of_the_gateway_bench_through_the_report(tmp_path: Path
     assert record["benchmark"] == "gateway_overhead" and record["command"][0] == "gateway_overhead.py"
     assert record["machine"]["cores"] >= 1 and record["machine"]["cpu"]
     roles = [target["role"] for target in record["results"]["targets"]]
-    assert roles == ["direct", "peer", "dpgate"]
+    # --quick never installs Envoy: it runs beside the others only where a full run installed it
+    with_envoy = envoy_peer.installed(dpgate_cache_dir())
+    assert roles == ["direct", "peer", *(["envoy"] if with_envoy else []), "dpgate"]
     text = (out / "performance.md").read_text()
     assert "Smoke test (`bench/report.py --quick`)" in text and "unary call, added p50 latency" in text
     assert (out / "performance/gateway_added_latency.png").stat().st_size > 15_000

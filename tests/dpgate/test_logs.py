@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import io
 import json
 import logging
 import re
@@ -9,7 +12,7 @@ import sys
 
 import pytest
 
-from dpgate.logs import JsonFormatter, PlainFormatter, configure_logging, request_id_var
+from dpgate.logs import BatchedStreamHandler, JsonFormatter, PlainFormatter, configure_logging, request_id_var
 
 
 def record(message: str = "hello %s", *args, **extra) -> logging.LogRecord:
@@ -73,3 +76,55 @@ def test_configure_logging_sets_the_root_handler_and_refuses_unknown_formats():
         root.handlers[:], level = saved
         root.setLevel(level)
         logging.captureWarnings(False)
+
+
+def test_the_cached_second_gives_the_same_time_text_as_logging_itself():
+    for created in (1_700_000_000.0, 1_700_000_000.999, 1_700_000_001.5, 1_700_000_000.25):
+        made = record()
+        made.created, made.msecs = created, int((created - int(created)) * 1000)
+        expected = logging.Formatter().formatTime(made)
+        assert PlainFormatter().formatTime(made) == expected
+        assert PlainFormatter().format(made).startswith(expected + " WARNING dpgate.test: hello world")
+        moment = datetime.datetime.fromtimestamp(created, datetime.UTC).isoformat(timespec="milliseconds")
+        assert json.loads(JsonFormatter().format(made))["time"] == moment.replace("+00:00", "Z")
+
+
+def test_batched_lines_on_a_loop_leave_in_one_write_at_the_end_of_the_iteration_in_order():
+    class Stream(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return super().write(text)
+
+    stream = Stream()
+    handler = BatchedStreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+
+    async def log_on_the_loop() -> None:
+        for n in range(3):
+            handler.handle(record("line %s", n))
+        assert stream.writes == []  # nothing yet: the lines wait for the end of the iteration
+        await asyncio.sleep(0)
+        assert stream.writes == ["line 0\nline 1\nline 2\n"]
+        handler.handle(record("line %s", 3))
+        handler.flush()  # what logging.shutdown does at exit: nothing waits after it
+        assert stream.writes[-1] == "line 3\n"
+
+    asyncio.run(log_on_the_loop())
+    handler.handle(record("off the loop %s", 4))  # no loop on this thread: written at once
+    assert stream.getvalue() == "line 0\nline 1\nline 2\nline 3\noff the loop 4\n"
+
+    def log_and_stop() -> None:
+        handler.handle(record("last on the loop %s", 5))
+        loop.stop()  # the loop ends with this iteration: the flush it scheduled never runs
+
+    loop = asyncio.new_event_loop()
+    loop.call_soon(log_and_stop)
+    loop.run_forever()
+    loop.close()
+    assert stream.getvalue().endswith("off the loop 4\n")
+    handler.handle(record("after the loop %s", 6))  # still written at once, the waiting line first
+    assert stream.getvalue().endswith("off the loop 4\nlast on the loop 5\nafter the loop 6\n")
