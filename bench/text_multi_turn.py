@@ -144,10 +144,7 @@ def compare_with_llamacpp(args) -> list[dict]:
     banned = {str(token): -100.0 for token in sorted(info.eos_token_ids)}
     n_ctx = args.system_tokens + 2 * args.turns * args.turn_tokens + 512  # words re-tokenized may run over
     port, http_port = free_port(), free_port()
-    flags = [
-        "serve", "--port", str(port), "--http-port", str(http_port), "--max-model-len", str(args.max_model_len),
-        "--kv-cache-memory-mb", str(args.kv_cache_memory_mb), "--max-num-seqs", str(args.conversations),
-    ]  # fmt: skip
+    flags = ["serve", "--port", str(port), "--http-port", str(http_port), "--max-model-len", str(args.max_model_len)]
     with running(flags, port, timeout=300):
         dpgate = run_conversations(f"http://127.0.0.1:{http_port}", args, info.tokenizer, banned)
     dpgate["server"] = "dpgate serve (HTTP)"
