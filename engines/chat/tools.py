@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.grammar.spec import MAX_GRAMMAR_BYTES, json_type_name, strict_json_loads
+from dpgate.json_text import MAX_GRAMMAR_BYTES, json_type_name, strict_json_loads
 from engines.sampling.params import InvalidRequestError
 
 MAX_TOOLS = 128
