@@ -5,7 +5,7 @@ The template comes from the tokenizer (transformers fills `chat_template` from G
 `--chat-template FILE`, which replaces it. Rendering goes through `apply_chat_template`, so a
 template behaves here exactly as it does under transformers.
 
-Thinking is resolved once (engines/chat/thinking.py) and the same value is handed to the template
+Thinking is resolved once (dpgate/chat/thinking.py) and the same value is handed to the template
 as both `thinking` and `enable_thinking`, and to the output parser, so the prompt and the parser's
 starting state always agree. A template that never mentions `tools` (SmolLM2's) would drop the
 tool definitions silently; for it the tools go into a Hermes-style system block instead, and
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpgate.chat.thinking import resolve_thinking
 from engines.chat.markers import ChatMarkers
-from engines.chat.thinking import resolve_thinking
 from engines.sampling.params import InvalidRequestError
 
 logger = logging.getLogger(__name__)
