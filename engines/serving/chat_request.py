@@ -19,11 +19,11 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2
 
+from dpgate.chat.template import ChatTemplate
 from dpgate.chat.tools import ToolSpec, parse_tools
 from dpgate.json_text import strict_json_loads
 from dpgate.v1 import generate_pb2
 from engines.chat.markers import ChatParsing
-from engines.chat.template import ChatTemplate
 from engines.sampling.params import InvalidRequestError, require
 from engines.scheduling.detokenizer import Decoder
 from engines.scheduling.sequence import Sequence
