@@ -11,7 +11,10 @@ token ids (a prompt's content does not change the work), greedy, eos ignored:
   (a) shared-prefix groups: G groups x P prompts, a group prefix of `--prefix-tokens`, a
       `--question-tokens` question, `--answer-tokens` answers, Poisson arrivals at `--rate` calls/s
       in a shuffled order (sglang bench_serving's generated-shared-prefix shape, scaled for CPU);
-  (b) multi-turn chat: `--conversations` x `--turns`, each turn the whole history plus a new turn;
+  (b) multi-turn chat through ChatStream: `--conversations` x `--turns`, each turn the whole
+      conversation (a system prompt shared by all, the earlier turns with the model's own replies)
+      plus a new user message, rendered by the engine's chat template (and, to route on the cache,
+      by the gateway's copy of it); TTFT is send to the first delta with tokens;
   (c) random prompts, nothing shared, the same arrivals as (a);
   (d) one hot prefix carrying 80% of the calls of (a), the rest spread over the other groups.
 Figures: TTFT p50/p90/p99, output tok/s, the engines' prefix-cache hit rate (hit / query tokens
@@ -86,6 +89,30 @@ class Recorder:
             self.ranks[rank] += 1
         return tokens
 
+    def chat_stream(self, stub, messages: list[pb.ChatMessage], max_tokens: int) -> tuple[str, list[int]]:
+        """One ChatStream call: the reply's text and the prompt's token ids (PromptInfo)."""
+        request = pb.ChatStreamRequest(
+            messages=messages,
+            sampling=pb.SamplingParams(temperature=0.0),
+            stopping=pb.StoppingCriteria(max_tokens=max_tokens, ignore_eos=True),
+        )
+        started, first, num_tokens, text, prompt = time.perf_counter(), None, 0, [], []
+        call = stub.ChatStream(request, timeout=3600)
+        for message in call:
+            if message.HasField("prompt_info"):
+                prompt = list(message.prompt_info.prompt_token_ids)
+            elif message.HasField("delta"):
+                if message.delta.token_ids:
+                    first = first or time.perf_counter()
+                    num_tokens += len(message.delta.token_ids)
+                text.append(message.delta.content or message.delta.reasoning_content)
+        rank = int(dict(call.trailing_metadata())["x-data-parallel-rank"])
+        with self.lock:
+            self.ttft.append(first - started)
+            self.num_output += num_tokens
+            self.ranks[rank] += 1
+        return "".join(text), prompt
+
 
 def tokens(rng: random.Random, count: int) -> list[int]:
     return [rng.randrange(100, VOCAB) for _ in range(count)]
@@ -122,20 +149,35 @@ def poisson(stub, args, prompts: list[list[int]], recorder: Recorder) -> None:
             future.result()
 
 
+WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "as", "with", "by", "at", "from", "that",
+         "this", "which", "are", "be", "or", "an", "it", "not", "have", "has", "cache", "route", "engine",
+         "gateway", "prefix", "block", "token", "prompt", "answer", "question", "model", "serve", "request",
+         "policy"]  # fmt: skip
+
+
+def words(rng: random.Random, count: int) -> str:
+    """About `count` tokens of English-like text (SmolLM2 spends about one token per common word)."""
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
+
 def multi_turn(stub, args, recorder: Recorder) -> list[list[int]]:
+    """(b): the conversations run side by side, each turn after the previous reply; returns every
+    call's prompt token ids (as the engine reported them) for the oracle."""
     rng = random.Random(2)
-    turns = [[tokens(rng, args.question_tokens) for _ in range(args.turns)] for _ in range(args.conversations)]
-    system = tokens(rng, args.prefix_tokens // 4)
+    system = words(rng, args.prefix_tokens // 4)
+    turns = [[words(rng, args.question_tokens) for _ in range(args.turns)] for _ in range(args.conversations)]
     sent: list[list[int]] = []
     lock = threading.Lock()
 
     def conversation(index: int) -> None:
-        history = system + tokens(random.Random(100 + index), args.prefix_tokens // 2)
+        own = words(random.Random(100 + index), args.prefix_tokens // 2)
+        history = [pb.ChatMessage(role=pb.CHAT_ROLE_SYSTEM, content=f"{system}\n{own}")]
         for user in turns[index]:
-            history = history + user
+            history.append(pb.ChatMessage(role=pb.CHAT_ROLE_USER, content=user))
+            reply, prompt = recorder.chat_stream(stub, history, args.answer_tokens)
             with lock:
-                sent.append(list(history))
-            history = history + recorder.stream(stub, history, args.answer_tokens)
+                sent.append(prompt)
+            history.append(pb.ChatMessage(role=pb.CHAT_ROLE_ASSISTANT, content=reply))
 
     with ThreadPoolExecutor(args.conversations) as pool:
         list(pool.map(conversation, range(args.conversations)))
