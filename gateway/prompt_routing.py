@@ -73,8 +73,9 @@ class PromptRouter:
 
     async def prompt_blocks(self, rpc: str, request: bytes, authorization: bytes | None) -> PromptBlocks | None:
         """The prompt's length and each indexed engine's cached tokens of it; None when the call
-        cannot use the cache (prompt logprobs skip the lookup) or the body is not readable (the
-        engine answers that one with its own error)."""
+        cannot use the cache (prompt logprobs skip the lookup), no indexed engine's template is
+        known (Chat), or the body is not readable or renderable (the engine answers that one with
+        its own error)."""
         try:
             message = _MESSAGES[rpc].FromString(request)
         except DecodeError:  # the engine answers it with its own INVALID_ARGUMENT
