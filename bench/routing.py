@@ -22,7 +22,7 @@ from GetLoad, over the run) beside an oracle's (every block seen before hits: an
 and max/min calls per engine (from the `x-data-parallel-rank` trailer).
 
     python bench/routing.py [--engines 4] [--groups 32] [--prompts-per-group 8] [--prefix-tokens 1000]
-        [--question-tokens 64] [--answer-tokens 32] [--rate 2] [--conversations 8] [--turns 4]
+        [--question-tokens 64] [--answer-tokens 32] [--rate 2] [--conversations 8] [--turns 4] [--think-time 0]
         [--gateways 1] [--policies ...] [--only a b c d] [--json FILE]
 
 `--gateways 2` splits the calls over two gateway replicas (each follows every engine's events on
@@ -178,6 +178,7 @@ def multi_turn(stub, args, recorder: Recorder) -> list[list[int]]:
             with lock:
                 sent.append(prompt)
             history.append(pb.ChatMessage(role=pb.CHAT_ROLE_ASSISTANT, content=reply))
+            time.sleep(args.think_time)
 
     with ThreadPoolExecutor(args.conversations) as pool:
         list(pool.map(conversation, range(args.conversations)))
@@ -317,6 +318,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--rate", type=float, default=2.0, help="(a), (c), (d) Poisson arrivals, calls per second")
     add("--conversations", type=int, default=8, help="(b) conversations in flight")
     add("--turns", type=int, default=4, help="(b) turns per conversation")
+    add("--think-time", type=float, default=0.0, help="(b) seconds a user takes before the next turn")
     add("--cache-fraction", type=float, default=0.7, help="the prefixes' share of the cluster's KV blocks")
     add("--max-num-seqs", type=int, default=8, help="each engine's --max-num-seqs")
     add("--threads", type=int, default=1, help="each engine's --num-threads")
@@ -328,8 +330,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "answer_tokens", "conversations", "turns", "max_num_seqs", "threads"):  # fmt: skip
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.rate <= 0 or not 0 < args.cache_fraction <= 1:
-        parser.error("--rate must be above 0 and --cache-fraction in (0, 1]")
+    if args.rate <= 0 or not 0 < args.cache_fraction <= 1 or args.think_time < 0:
+        parser.error("--rate must be above 0, --cache-fraction in (0, 1] and --think-time at least 0")
     return args
 
 
@@ -370,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
         for engine in engines:
             engine.stop()
     sizes = {name: getattr(args, name) for name in ("engines", "groups", "prompts_per_group", "prefix_tokens",
-             "question_tokens", "answer_tokens", "rate", "conversations", "turns", "cache_fraction",
+             "question_tokens", "answer_tokens", "rate", "conversations", "turns", "think_time", "cache_fraction",
              "max_num_seqs", "gateways")}  # fmt: skip
     sizes["kv_blocks_per_engine"] = blocks
     write_results(args.json, "routing", {"sizes": sizes, "policies": list(args.policies), "cases": cases})
