@@ -11,7 +11,10 @@ token ids (a prompt's content does not change the work), greedy, eos ignored:
   (a) shared-prefix groups: G groups x P prompts, a group prefix of `--prefix-tokens`, a
       `--question-tokens` question, `--answer-tokens` answers, Poisson arrivals at `--rate` calls/s
       in a shuffled order (sglang bench_serving's generated-shared-prefix shape, scaled for CPU);
-  (b) multi-turn chat: `--conversations` x `--turns`, each turn the whole history plus a new turn;
+  (b) multi-turn chat through ChatStream: `--conversations` x `--turns`, each turn the whole
+      conversation (a system prompt shared by all, the earlier turns with the model's own replies)
+      plus a new user message, rendered by the engine's chat template (and, to route on the cache,
+      by the gateway's copy of it); TTFT is send to the first delta with tokens;
   (c) random prompts, nothing shared, the same arrivals as (a);
   (d) one hot prefix carrying 80% of the calls of (a), the rest spread over the other groups.
 Figures: TTFT p50/p90/p99, output tok/s, the engines' prefix-cache hit rate (hit / query tokens
@@ -19,7 +22,7 @@ from GetLoad, over the run) beside an oracle's (every block seen before hits: an
 and max/min calls per engine (from the `x-data-parallel-rank` trailer).
 
     python bench/routing.py [--engines 4] [--groups 32] [--prompts-per-group 8] [--prefix-tokens 1000]
-        [--question-tokens 64] [--answer-tokens 32] [--rate 2] [--conversations 8] [--turns 4]
+        [--question-tokens 64] [--answer-tokens 32] [--rate 2] [--conversations 8] [--turns 4] [--think-time 0]
         [--gateways 1] [--policies ...] [--only a b c d] [--json FILE]
 
 `--gateways 2` splits the calls over two gateway replicas (each follows every engine's events on
@@ -86,6 +89,30 @@ class Recorder:
             self.ranks[rank] += 1
         return tokens
 
+    def chat_stream(self, stub, messages: list[pb.ChatMessage], max_tokens: int) -> tuple[str, list[int]]:
+        """One ChatStream call: the reply's text and the prompt's token ids (PromptInfo)."""
+        request = pb.ChatStreamRequest(
+            messages=messages,
+            sampling=pb.SamplingParams(temperature=0.0),
+            stopping=pb.StoppingCriteria(max_tokens=max_tokens, ignore_eos=True),
+        )
+        started, first, num_tokens, text, prompt = time.perf_counter(), None, 0, [], []
+        call = stub.ChatStream(request, timeout=3600)
+        for message in call:
+            if message.HasField("prompt_info"):
+                prompt = list(message.prompt_info.prompt_token_ids)
+            elif message.HasField("delta"):
+                if message.delta.token_ids:
+                    first = first or time.perf_counter()
+                    num_tokens += len(message.delta.token_ids)
+                text.append(message.delta.content or message.delta.reasoning_content)
+        rank = int(dict(call.trailing_metadata())["x-data-parallel-rank"])
+        with self.lock:
+            self.ttft.append(first - started)
+            self.num_output += num_tokens
+            self.ranks[rank] += 1
+        return "".join(text), prompt
+
 
 def tokens(rng: random.Random, count: int) -> list[int]:
     return [rng.randrange(100, VOCAB) for _ in range(count)]
@@ -122,20 +149,36 @@ def poisson(stub, args, prompts: list[list[int]], recorder: Recorder) -> None:
             future.result()
 
 
+WORDS = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "as", "with", "by", "at", "from", "that",
+         "this", "which", "are", "be", "or", "an", "it", "not", "have", "has", "cache", "route", "engine",
+         "gateway", "prefix", "block", "token", "prompt", "answer", "question", "model", "serve", "request",
+         "policy"]  # fmt: skip
+
+
+def words(rng: random.Random, count: int) -> str:
+    """About `count` tokens of English-like text (SmolLM2 spends about one token per common word)."""
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
+
 def multi_turn(stub, args, recorder: Recorder) -> list[list[int]]:
+    """(b): the conversations run side by side, each turn after the previous reply; returns every
+    call's prompt token ids (as the engine reported them) for the oracle."""
     rng = random.Random(2)
-    turns = [[tokens(rng, args.question_tokens) for _ in range(args.turns)] for _ in range(args.conversations)]
-    system = tokens(rng, args.prefix_tokens // 4)
+    system = words(rng, args.prefix_tokens // 4)
+    turns = [[words(rng, args.question_tokens) for _ in range(args.turns)] for _ in range(args.conversations)]
     sent: list[list[int]] = []
     lock = threading.Lock()
 
     def conversation(index: int) -> None:
-        history = system + tokens(random.Random(100 + index), args.prefix_tokens // 2)
+        own = words(random.Random(100 + index), args.prefix_tokens // 2)
+        history = [pb.ChatMessage(role=pb.CHAT_ROLE_SYSTEM, content=f"{system}\n{own}")]
         for user in turns[index]:
-            history = history + user
+            history.append(pb.ChatMessage(role=pb.CHAT_ROLE_USER, content=user))
+            reply, prompt = recorder.chat_stream(stub, history, args.answer_tokens)
             with lock:
-                sent.append(list(history))
-            history = history + recorder.stream(stub, history, args.answer_tokens)
+                sent.append(prompt)
+            history.append(pb.ChatMessage(role=pb.CHAT_ROLE_ASSISTANT, content=reply))
+            time.sleep(args.think_time)
 
     with ThreadPoolExecutor(args.conversations) as pool:
         list(pool.map(conversation, range(args.conversations)))
@@ -275,6 +318,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--rate", type=float, default=2.0, help="(a), (c), (d) Poisson arrivals, calls per second")
     add("--conversations", type=int, default=8, help="(b) conversations in flight")
     add("--turns", type=int, default=4, help="(b) turns per conversation")
+    add("--think-time", type=float, default=0.0, help="(b) seconds a user takes before the next turn")
     add("--cache-fraction", type=float, default=0.7, help="the prefixes' share of the cluster's KV blocks")
     add("--max-num-seqs", type=int, default=8, help="each engine's --max-num-seqs")
     add("--threads", type=int, default=1, help="each engine's --num-threads")
@@ -286,8 +330,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "answer_tokens", "conversations", "turns", "max_num_seqs", "threads"):  # fmt: skip
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.rate <= 0 or not 0 < args.cache_fraction <= 1:
-        parser.error("--rate must be above 0 and --cache-fraction in (0, 1]")
+    if args.rate <= 0 or not 0 < args.cache_fraction <= 1 or args.think_time < 0:
+        parser.error("--rate must be above 0, --cache-fraction in (0, 1] and --think-time at least 0")
     return args
 
 
@@ -328,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
         for engine in engines:
             engine.stop()
     sizes = {name: getattr(args, name) for name in ("engines", "groups", "prompts_per_group", "prefix_tokens",
-             "question_tokens", "answer_tokens", "rate", "conversations", "turns", "cache_fraction",
+             "question_tokens", "answer_tokens", "rate", "conversations", "turns", "think_time", "cache_fraction",
              "max_num_seqs", "gateways")}  # fmt: skip
     sizes["kv_blocks_per_engine"] = blocks
     write_results(args.json, "routing", {"sizes": sizes, "policies": list(args.policies), "cases": cases})

@@ -204,8 +204,8 @@ def _engine_token(args: argparse.Namespace) -> str | None:
 
 
 def read_template_text(path: str) -> str:
-    """A --chat-template file's template (engines/chat/template.py reads JSON-wrapped ones too)."""
-    from engines.chat.template import read_template_file
+    """A --chat-template file's template (dpgate/chat/template.py reads JSON-wrapped ones too)."""
+    from dpgate.chat.template import read_template_file
 
     text = read_template_file(path)
     if not text.strip():

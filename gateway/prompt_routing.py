@@ -1,14 +1,15 @@
-"""What cache-aware routing learns from a Generate call's prompt: how much of it each engine holds.
+"""What cache-aware routing learns from a call's prompt: how much of it each engine holds.
 
-Only unpinned Generate/GenerateStream calls are read, and only when some engine publishes KV events
-and its tokenizer is known; every other call keeps the raw relay. The request message is already
-buffered whole (gateway/forwarded_call.py reads it before choosing an engine), so this parses only
-the prompt, the salt and the prompt-logprobs switch. Text is tokenized with the engine's own
-tokenizer and the blocks hashed with the engine's documented function (gateway/routing/
+Only unpinned Generate/GenerateStream and Chat/ChatStream calls are read, and only when some engine
+publishes KV events and its tokenizer is known; every other call keeps the raw relay. The request
+message is already buffered whole (gateway/forwarded_call.py reads it before choosing an engine),
+so this parses it here. Generate text is tokenized with the engine's own tokenizer (special tokens
+added); Chat messages are rendered by the engine's own renderer (dpgate/chat/: its template,
+special tokens, markers, tools and thinking rule) and encoded without adding special tokens, as
+the engine does. The blocks are hashed with the engine's documented function (gateway/routing/
 block_hashes.py), with the call's tenant and cache_salt, on a worker thread: about 2 ms for a
 1,000-token prompt here (encoding 1.9 ms, hashing 0.08 ms), which must not stall the event loop.
-Chat calls are routed by load: rendering messages exactly as the engine does needs its Jinja
-environment, tools and thinking rules (docs/gateway.md, "Cache-aware routing" says what is left).
+A Chat call the renderer refuses (the engine will refuse it too, naming the field) is routed by load.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
+from dpgate.chat.request import ChatLike
+from dpgate.invalid_request import InvalidRequestError
 from dpgate.v1 import generate_pb2
 from gateway.engine_pool import EnginePool
 from gateway.prompt_tokenizers import PromptTokenizers
@@ -25,7 +28,13 @@ from gateway.routing.block_hashes import block_chain
 from gateway.routing.filters import PromptBlocks
 from gateway.routing.in_flight import InFlightPrefixes
 
-_MESSAGES = {"Generate": generate_pb2.GenerateRequest, "GenerateStream": generate_pb2.GenerateStreamRequest}
+_MESSAGES = {
+    "Generate": generate_pb2.GenerateRequest,
+    "GenerateStream": generate_pb2.GenerateStreamRequest,
+    "Chat": generate_pb2.ChatRequest,
+    "ChatStream": generate_pb2.ChatStreamRequest,
+}
+_CHAT = frozenset({"Chat", "ChatStream"})
 
 
 @dataclass(slots=True, frozen=True)
@@ -48,7 +57,7 @@ class PromptRouter:
         self.in_flight = InFlightPrefixes()
 
     def applies(self, rpc: str, rank: int | None) -> bool:
-        """Whether the call is worth reading: an unpinned Generate while some engine's cache is indexed."""
+        """Whether the call is worth reading: an unpinned Generate or Chat while some engine's cache is indexed."""
         return rank is None and rpc in _MESSAGES and bool(self._pool.kv_index.addresses()) and bool(self._groups())
 
     def _groups(self) -> list[_HashGroup]:
@@ -64,26 +73,35 @@ class PromptRouter:
 
     async def prompt_blocks(self, rpc: str, request: bytes, authorization: bytes | None) -> PromptBlocks | None:
         """The prompt's length and each indexed engine's cached tokens of it; None when the call
-        cannot use the cache (prompt logprobs skip the lookup) or the body is not readable (the
-        engine answers that one with its own error)."""
+        cannot use the cache (prompt logprobs skip the lookup), no indexed engine's template is
+        known (Chat), or the body is not readable or renderable (the engine answers that one with
+        its own error)."""
         try:
             message = _MESSAGES[rpc].FromString(request)
         except DecodeError:  # the engine answers it with its own INVALID_ARGUMENT
             return None
-        if message.HasField("prompt_logprobs"):
-            return None
-        kind = message.WhichOneof("prompt")
-        if kind is None:
-            return None
         tenant = self._tenants.get(authorization, "") if authorization is not None else ""
-        groups = self._groups()
-        if not groups:
+        if rpc in _CHAT:
+            groups = [g for g in self._groups() if self.tokenizers.renders_chat(g.fingerprint)]
+            if not groups:
+                return None
+            prompt = _Prompt(chat=message)
+        else:
+            if message.HasField("prompt_logprobs"):
+                return None
+            kind = message.WhichOneof("prompt")
+            if kind is None:
+                return None
+            groups = self._groups()
+            if not groups:
+                return None
+            prompt = _Prompt(text=message.text) if kind == "text" else _Prompt(ids=list(message.token_ids.ids))
+        try:
+            num_tokens, chains = await asyncio.to_thread(
+                _chains, self.tokenizers, groups, prompt, tenant, message.cache_salt
+            )
+        except (InvalidRequestError, RecursionError):  # the engine refuses it too (naming the field): route by load
             return None
-        text = message.text if kind == "text" else None
-        ids = list(message.token_ids.ids) if kind == "token_ids" else None
-        num_tokens, chains = await asyncio.to_thread(
-            _chains, self.tokenizers, groups, text, ids, tenant, message.cache_salt
-        )
         # The lookups run here on the loop, where the index is edited, never on the worker thread.
         index = self._pool.kv_index
         matched: dict[str, int] = {}
@@ -109,27 +127,37 @@ class PromptRouter:
         if chain:
             self.in_flight.remove(address, chain)
 
+
+@dataclass(slots=True, frozen=True)
+class _Prompt:
+    """A call's prompt as it came: Generate text, Generate token ids, or a Chat request to render."""
+
+    text: str | None = None
+    ids: list[int] | None = None
+    chat: ChatLike | None = None
+
+
 def _chains(
     tokenizers: PromptTokenizers,
     groups: list[_HashGroup],
-    text: str | None,
-    ids: list[int] | None,
+    prompt: _Prompt,
     tenant: str,
     salt: str,
 ) -> tuple[int, list[list[int]]]:
     """The prompt's length and its block chain for each group: tokenized once per tokenizer.
-    Blocking (Rust tokenizer, SHA-256 per block): runs on a worker thread."""
+    Blocking (Jinja, Rust tokenizer, SHA-256 per block): runs on a worker thread."""
     chains: list[list[int]] = []
     num_tokens = 0
     encoded: dict[str, list[int]] = {}
     for group in groups:
-        if ids is not None:
-            tokens = ids
-        else:
-            assert text is not None  # a prompt is text or ids
-            tokens = encoded.get(group.fingerprint)
-            if tokens is None:
-                tokens = encoded[group.fingerprint] = tokenizers.encode(group.fingerprint, text)
+        tokens = prompt.ids if prompt.ids is not None else encoded.get(group.fingerprint)
+        if tokens is None:
+            if prompt.chat is not None:
+                tokens = tokenizers.encode_chat(group.fingerprint, prompt.chat)
+            else:
+                assert prompt.text is not None  # a prompt is text, ids or chat messages
+                tokens = tokenizers.encode(group.fingerprint, prompt.text)
+            encoded[group.fingerprint] = tokens
         num_tokens = max(num_tokens, len(tokens))
         chains.append(block_chain(tokens, group.root, group.block_size, tenant, salt))
     return num_tokens, chains

@@ -4,6 +4,11 @@ One `tokenizers.Tokenizer` per fingerprint (engines of one model share it: the h
 one that differs). Building one from JSON and encoding text are CPU work in Rust that would stall
 the event loop for milliseconds, so both run on worker threads; the gateway never loads model
 files, torch or transformers.
+
+For Chat it also keeps the engine's chat template as a `dpgate.chat.template.ChatTemplate` built
+from what GetTokenizer hands over (the template, its special-token variables, the markers): the
+renderer the engine itself runs, so a conversation becomes the engine's prompt text, encoded
+without adding special tokens as the engine does (the template wrote them).
 """
 
 from __future__ import annotations
@@ -13,19 +18,22 @@ import logging
 
 import tokenizers
 
+from dpgate.chat.markers import ChatMarkers, MarkerConfigError
+from dpgate.chat.request import ChatLike, chat_inputs, render_chat
+from dpgate.chat.template import ChatTemplate
 from dpgate.v1 import control_pb2
 
 logger = logging.getLogger("dpgate.gateway.prompts")
 
 
 class PromptTokenizers:
-    """Fingerprint -> the engine's tokenizer (and its chat template, kept for later use)."""
+    """Fingerprint -> the engine's tokenizer, and its chat template when it has one."""
 
     __slots__ = ("_learning", "chat_templates", "tokenizers")
 
     def __init__(self) -> None:
         self.tokenizers: dict[str, tokenizers.Tokenizer] = {}
-        self.chat_templates: dict[str, str] = {}
+        self.chat_templates: dict[str, ChatTemplate] = {}
         self._learning: set[str] = set()
 
     def knows(self, fingerprint: str) -> bool:
@@ -49,8 +57,11 @@ class PromptTokenizers:
                 logger.warning("tokenizer fingerprint changed during the handshake; will ask again")
                 return False
             tokenizer = await asyncio.to_thread(tokenizers.Tokenizer.from_str, answer.tokenizer_json.decode())
+            # Compiling the template and probing its thinking default take milliseconds of Python.
+            template = await asyncio.to_thread(_chat_template, answer)
             self.tokenizers[fingerprint] = tokenizer
-            self.chat_templates[fingerprint] = answer.chat_template
+            if template is not None:
+                self.chat_templates[fingerprint] = template
             logger.info("learned tokenizer %s (%d tokens)", fingerprint[:16], tokenizer.get_vocab_size())
             return True
         finally:
@@ -60,3 +71,27 @@ class PromptTokenizers:
         """The engine's token ids for a text prompt (special tokens added, as the engine does).
         Blocking: call it from a worker thread."""
         return self.tokenizers[fingerprint].encode(text, add_special_tokens=True).ids
+
+    def renders_chat(self, fingerprint: str) -> bool:
+        return fingerprint in self.chat_templates
+
+    def encode_chat(self, fingerprint: str, request: ChatLike) -> list[int]:
+        """The engine's token ids for a Chat request's prompt. Raises what the engine would refuse
+        the request with (InvalidRequestError and its kinds); blocking: call it from a worker thread."""
+        rendered = render_chat(self.chat_templates[fingerprint], chat_inputs(request))
+        return self.tokenizers[fingerprint].encode(rendered.text, add_special_tokens=False).ids
+
+
+def _chat_template(answer: control_pb2.GetTokenizerResponse) -> ChatTemplate | None:
+    """The engine's template as the engine renders it, or None: no template (the engine refuses
+    Chat), or one the gateway cannot render (Chat calls are then routed by load)."""
+    if not answer.chat_template.strip():
+        return None
+    try:
+        markers = ChatMarkers(
+            answer.reasoning_start, answer.reasoning_end, answer.tool_call_start, answer.tool_call_end
+        )
+    except MarkerConfigError:  # an engine from before the markers were sent: do not guess them
+        logger.warning("the engine's chat markers are missing or unusable; Chat calls are routed by load")
+        return None
+    return ChatTemplate(answer.chat_template, markers, dict(answer.chat_special_tokens))

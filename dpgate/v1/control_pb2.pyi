@@ -221,11 +221,28 @@ class GetTokenizerRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetTokenizerResponse(_message.Message):
-    __slots__ = ("tokenizer_json", "chat_template", "fingerprint")
+    __slots__ = ("tokenizer_json", "chat_template", "fingerprint", "chat_special_tokens", "reasoning_start", "reasoning_end", "tool_call_start", "tool_call_end")
+    class ChatSpecialTokensEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TOKENIZER_JSON_FIELD_NUMBER: _ClassVar[int]
     CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CHAT_SPECIAL_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_START_FIELD_NUMBER: _ClassVar[int]
+    REASONING_END_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_START_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_END_FIELD_NUMBER: _ClassVar[int]
     tokenizer_json: bytes
     chat_template: str
     fingerprint: str
-    def __init__(self, tokenizer_json: _Optional[bytes] = ..., chat_template: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    chat_special_tokens: _containers.ScalarMap[str, str]
+    reasoning_start: str
+    reasoning_end: str
+    tool_call_start: str
+    tool_call_end: str
+    def __init__(self, tokenizer_json: _Optional[bytes] = ..., chat_template: _Optional[str] = ..., fingerprint: _Optional[str] = ..., chat_special_tokens: _Optional[_Mapping[str, str]] = ..., reasoning_start: _Optional[str] = ..., reasoning_end: _Optional[str] = ..., tool_call_start: _Optional[str] = ..., tool_call_end: _Optional[str] = ...) -> None: ...

@@ -5,39 +5,18 @@ tool-use fine-tunes, Qwen2.5/3) wrap a JSON call in `<tool_call>` ... `</tool_ca
 configuration, not code: a table keyed by the model's architecture gives the default, and the engine
 flags `--reasoning-parser none|think`, `--reasoning-markers START,END` and `--tool-call-parser
 none|hermes` override it. Nothing outside this file branches on a parser's name; the output parser
-reads only `ChatParsing`.
+reads only `ChatParsing`. The markers themselves (dpgate/chat/markers.py) sit on the floor: the
+chat rendering the gateway shares writes tool calls with them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from dpgate.chat.markers import ChatMarkers, MarkerConfigError
 
 REASONING_PARSERS = ("none", "think")
 TOOL_CALL_PARSERS = ("none", "hermes")
-
-
-@dataclass(frozen=True, slots=True)
-class ChatMarkers:
-    reasoning_start: str = "<think>"
-    reasoning_end: str = "</think>"
-    tool_call_start: str = "<tool_call>"
-    tool_call_end: str = "</tool_call>"
-
-    def __post_init__(self) -> None:
-        markers = (self.reasoning_start, self.reasoning_end, self.tool_call_start, self.tool_call_end)
-        if any(marker == "" or marker != marker.strip() for marker in markers):
-            raise MarkerConfigError(f"chat markers must be non-empty with no surrounding whitespace: {markers!r}")
-        if len(set(markers)) != len(markers):
-            raise MarkerConfigError(f"chat markers must differ from each other: {markers!r}")
-        for marker in markers:
-            for other in markers:
-                if marker != other and marker in other:
-                    # The parser matches the first marker found: one inside another would cut it short.
-                    raise MarkerConfigError(f"chat marker {marker!r} must not occur inside {other!r}")
-
-
-class MarkerConfigError(ValueError):
-    """A parser flag or marker set the engine cannot use; the message names the flag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +24,7 @@ class ChatParsing:
     """What the output parser looks for. With `parse_reasoning` False the reasoning markers are plain
     text and everything is content; with `parse_tools` False tool-call markup is plain content."""
 
-    markers: ChatMarkers = ChatMarkers()
+    markers: ChatMarkers = field(default_factory=ChatMarkers)
     parse_reasoning: bool = True
     parse_tools: bool = True
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import xgrammar as xgr
 
+from dpgate.chat.tools import InvalidToolError, ToolSpec
 from engines.chat.markers import ChatMarkers
-from engines.chat.tools import InvalidToolError, ToolSpec
 from engines.grammar.spec import GrammarKind, GrammarSpec
 
 REQUIRED = "required"

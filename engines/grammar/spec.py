@@ -8,15 +8,12 @@ every kind reaches the compiler as one string.
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import dataclass
-from typing import Any
 
+from dpgate.json_text import MAX_GRAMMAR_BYTES, json_type_name, strict_json_loads
 from engines.sampling.params import InvalidRequestError, require
 
-# A JSON schema of 26 KB with nested string patterns took xgrammar 8 s to compile on a 2-core
-# AVX2 machine; the bound keeps a single request from occupying a compile thread for minutes.
-MAX_GRAMMAR_BYTES = 32 * 1024
+# MAX_GRAMMAR_BYTES (dpgate/json_text.py, shared with chat tools) bounds every grammar's source text.
 MAX_CHOICES = 1024
 
 
@@ -57,31 +54,6 @@ def json_schema_spec(schema: str) -> GrammarSpec:
         f"{field} must be a JSON object (or true/false), not {json_type_name(document)}",
     )
     return GrammarSpec(GrammarKind.JSON_SCHEMA, schema)
-
-
-def strict_json_loads(text: str) -> Any:
-    """JSON as RFC 8259 has it: Python's json takes NaN, Infinity and -Infinity, which are not JSON
-    (and which the grammar library then fails on with its own internal check message)."""
-    return json.loads(text, parse_constant=_refuse_constant)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON value")
-
-
-def json_type_name(value: Any) -> str:
-    """The JSON name of a parsed value's type, for messages (never a Python type name)."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if value is None:
-        return "null"
-    return "a number"
 
 
 def json_object_spec() -> GrammarSpec:

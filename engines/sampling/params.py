@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dpgate.invalid_request import InvalidRequestError, require
+
 MAX_TOP_LOGPROBS = 20
 # What the sampler can compute with in float32. Logits are divided by the temperature and by the
 # repetition penalty: below these floors a finite logit becomes inf and softmax gives NaN (1e-40
@@ -21,10 +23,6 @@ MAX_REPETITION_PENALTY = 100.0
 # request from all of them (engines/scheduling/stop_strings.py), so its size is bounded here.
 DEFAULT_MAX_STOP_STRINGS = 32
 DEFAULT_MAX_STOP_STRING_BYTES = 4096
-
-
-class InvalidRequestError(ValueError):
-    """A request field breaks a rule; the message names the field and the rule."""
 
 
 class UnsampleableRowError(InvalidRequestError):
@@ -123,6 +121,3 @@ class StoppingParams:
             require(token_id < vocab_size, f"stopping.stop_token_ids {token_id} must be < vocab size {vocab_size}")
 
 
-def require(condition: bool, message: str) -> None:
-    if not condition:
-        raise InvalidRequestError(message)

@@ -7,6 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from dpgate.chat.request import ChatLike
 from dpgate.v1 import generate_pb2
 from engines.grammar.spec import (
     GrammarSpec,
@@ -57,7 +58,6 @@ class ModelLimits:
 
 
 GenerateLike = generate_pb2.GenerateRequest | generate_pb2.GenerateStreamRequest
-ChatLike = generate_pb2.ChatRequest | generate_pb2.ChatStreamRequest
 
 
 def build_sequence(request: GenerateLike, limits: ModelLimits, tokenizer: Decoder, tenant: str = "") -> Sequence:

@@ -177,9 +177,7 @@ async def serve(config: EngineConfig) -> int:
         engine, limits, tokenizer.tokenizer, metrics, config.data_parallel_rank, chat_template, parsing
     )
     generate_pb2_grpc.add_InferenceServiceServicer_to_server(inference, server)
-    tokenizer_export = await asyncio.to_thread(
-        tokenizer_message, tokenizer.tokenizer, chat_template.source if chat_template is not None else None
-    )
+    tokenizer_export = await asyncio.to_thread(tokenizer_message, tokenizer.tokenizer, chat_template)
     server_info.tokenizer_fingerprint = tokenizer_export.fingerprint
     control_pb2_grpc.add_ControlServiceServicer_to_server(
         ControlServicer(engine, server_info, model_info, metrics, tokenizer_export), server

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 
 import grpc
 
+from dpgate.chat.template import ChatTemplate, NoChatTemplateError
 from dpgate.logs import request_id_var
 from dpgate.request_id import REQUEST_ID_KEY, resolve_request_id
 from dpgate.tenant import tenant_from_metadata
@@ -33,7 +34,6 @@ from engines.chat.output_parser import (
     collect,
     drop_tool_calls_after,
 )
-from engines.chat.template import ChatTemplate, NoChatTemplateError
 from engines.model.token_texts import TokenTexts
 from engines.sampling.params import InvalidRequestError
 from engines.sampling.tokens import SampledToken

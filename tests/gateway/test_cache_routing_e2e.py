@@ -57,3 +57,50 @@ def test_repeated_prompts_follow_their_cache_and_predictions_match_the_engine(en
             assert index_blocks > 0
     finally:
         gateway.stop()
+
+
+def chat(stub, messages: list[pb.ChatMessage], salt: str) -> tuple[pb.ChatResponse, int]:
+    stopping = pb.StoppingCriteria(max_tokens=3, ignore_eos=True)
+    request = pb.ChatRequest(messages=messages, stopping=stopping, cache_salt=salt)
+    reply, call = stub.Chat.with_call(request, timeout=60)
+    return reply, served_rank(call)
+
+
+def test_later_turns_of_a_chat_follow_the_engine_holding_the_earlier_ones(engines: list[EngineProcess], log_dir):
+    """Chat messages are rendered by the gateway as the engine renders them (dpgate/chat/), so the
+    second and third turns of each conversation go where the first was computed, and the tokens the
+    gateway predicted cached equal the tokens the engines report cached."""
+    gateway = GatewayProcess([e.address for e in engines], *FAST_HEALTH, log_dir=log_dir, name="chat-cache-gateway")
+    try:
+        gateway.wait_ranks([0, 1])
+        with grpc.insecure_channel(gateway.address) as channel:
+            stub = inference_stub(channel)
+            deadline = time.monotonic() + 60
+            while metric(gateway, "dpgate_gateway_hashed_prompt_tokens_total") == 0:
+                assert time.monotonic() < deadline, "the gateway never hashed a chat prompt"
+                chat(stub, [pb.ChatMessage(role=pb.CHAT_ROLE_USER, content="warming up " * 20)], salt="warm")
+                time.sleep(0.2)
+            predicted_before = metric(gateway, "dpgate_gateway_predicted_cached_tokens_total")
+            reported = 0
+            first_ranks = []
+            for c in range(4):
+                system = f"Conversation {c}: you answer questions about prefix caches and routing. " * 6
+                history = [
+                    pb.ChatMessage(role=pb.CHAT_ROLE_SYSTEM, content=system),
+                    pb.ChatMessage(role=pb.CHAT_ROLE_USER, content=f"First question of conversation {c}, über Zürich?"),
+                ]
+                reply, first_rank = chat(stub, history, salt=f"chat-{c}")
+                first_ranks.append(first_rank)
+                for turn in (2, 3):
+                    time.sleep(0.3)  # the engine's events for the last turn reach the index
+                    history.append(pb.ChatMessage(role=pb.CHAT_ROLE_ASSISTANT, content=reply.content))
+                    history.append(pb.ChatMessage(role=pb.CHAT_ROLE_USER, content=f"Turn {turn}: and then? 東京"))
+                    reply, rank = chat(stub, history, salt=f"chat-{c}")
+                    assert rank == first_rank, f"turn {turn} of conversation {c} left the engine holding it"
+                    assert reply.finish.num_cached_prompt_tokens > 0
+                    reported += reply.finish.num_cached_prompt_tokens
+            predicted = metric(gateway, "dpgate_gateway_predicted_cached_tokens_total") - predicted_before
+            assert predicted == reported
+            assert set(first_ranks) == {0, 1}  # new conversations spread over both engines
+    finally:
+        gateway.stop()

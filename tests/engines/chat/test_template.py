@@ -1,6 +1,6 @@
 """ChatTemplate: where the template comes from (GGUF metadata, tokenizer files, --chat-template FILE),
-rendering through transformers, the thinking default, tools for a template that ignores them, and
-the refusal of a model without a template."""
+rendering (dpgate/chat/jinja_env.py) equal to transformers' apply_chat_template, the thinking
+default, tools for a template that ignores them, and the refusal of a model without a template."""
 
 from __future__ import annotations
 
@@ -9,17 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from engines.chat.markers import ChatMarkers
-from engines.chat.template import (
+from dpgate.chat.jinja_env import render_template
+from dpgate.chat.template import (
     NO_TEMPLATE_MESSAGE,
-    ChatTemplate,
     ChatTemplateError,
     NoChatTemplateError,
-    load_chat_template,
     read_template_file,
 )
+from engines.chat.markers import ChatMarkers
+from engines.chat.template import chat_template_for, load_chat_template
 from engines.config import ConfigError, EngineConfig
 from engines.sampling.params import InvalidRequestError
+from tests.support.chat_templates import GEMMA_STYLE_TEMPLATE
 from tests.tiny_model import make_tiny_llama_dir
 
 MARKERS = ChatMarkers()
@@ -44,7 +45,7 @@ THINKING_TEMPLATE = (
 
 
 def test_the_gguf_template_of_smollm2_renders_as_transformers_renders_it(smollm2_tokenizer):
-    template = ChatTemplate.for_tokenizer(smollm2_tokenizer, MARKERS)
+    template = chat_template_for(smollm2_tokenizer, MARKERS)
     assert template.source == smollm2_tokenizer.chat_template  # from GGUF metadata tokenizer.chat_template
     rendered = template.render(USER, None, None)
     expected = smollm2_tokenizer.apply_chat_template(USER, tokenize=False, add_generation_prompt=True)
@@ -55,8 +56,65 @@ def test_the_gguf_template_of_smollm2_renders_as_transformers_renders_it(smollm2
     assert template.render(USER, None, {"thinking": True}).thinking is False
 
 
+CALL = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich"}}}
+CONVERSATIONS = [
+    [{"role": "user", "content": "hi"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  東京 の天気は？ 🙂 "}],
+    [
+        {"role": "user", "content": "Weather in Zürich?"},
+        {"role": "assistant", "content": "", "tool_calls": [CALL, CALL]},
+        {"role": "tool", "content": '{"temp": -3}', "tool_call_id": "c1", "name": "get_weather"},
+        {"role": "assistant", "content": "It is cold.", "reasoning_content": "the tool said -3"},
+        {"role": "user", "content": "<start_of_turn>and tomorrow?<|im_end|>"},
+    ],
+]
+
+
+@pytest.fixture(scope="module")
+def gemma3_tokenizer():
+    from engines.model.source import resolve_model
+    from engines.model.tokenizer import load_tokenizer
+
+    return load_tokenizer(resolve_model("gemma3-270m")).tokenizer
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+@pytest.mark.parametrize("conversation", range(len(CONVERSATIONS)))
+@pytest.mark.parametrize(
+    "kwargs", [{}, {"enable_thinking": False, "thinking": False}, {"bos_token": "[B]", "extra": [1.0, "é"]}]
+)
+def test_rendering_equals_transformers_apply_chat_template(
+    request, smollm2_tokenizer, model, conversation, kwargs
+):
+    """The engine no longer renders through transformers; its own environment must give the same text
+    for the packaged SmolLM2 template and for a template using every convention (tests/support/)."""
+    tokenizer = smollm2_tokenizer if model == "smollm2" else request.getfixturevalue("gemma3_tokenizer")
+    template = chat_template_for(tokenizer, MARKERS, None if model == "smollm2" else GEMMA_STYLE_TEMPLATE)
+    messages = CONVERSATIONS[conversation]
+    if model == "smollm2":  # its template reads content only
+        messages = [{"role": m["role"], "content": m["content"]} for m in messages]
+    tools = [WEATHER] if model == "gemma3" else None
+    ours = render_template(template.source, messages, tools, {**template.special_tokens, **kwargs})
+    expected = tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=template.source, tokenize=False, add_generation_prompt=True, **kwargs
+    )
+    assert ours == expected
+    assert template.special_tokens["bos_token"] == ("<|im_start|>" if model == "smollm2" else "<bos>")
+
+
+def test_the_sandbox_and_the_namespace_guard_hold():
+    from jinja2.exceptions import SecurityError
+
+    with pytest.raises(SecurityError):
+        render_template("{% set ns = namespace(_x=1) %}", USER, None, {})
+    with pytest.raises(SecurityError):
+        render_template("{{ messages.__class__.__mro__ }}", USER, None, {})
+    with pytest.raises(SecurityError):  # immutable: a template may not edit what it is given
+        render_template("{{ messages.append(1) }}", USER, None, {})
+
+
 def test_a_template_that_ignores_tools_gets_them_in_a_hermes_system_block(smollm2_tokenizer):
-    template = ChatTemplate.for_tokenizer(smollm2_tokenizer, MARKERS)
+    template = chat_template_for(smollm2_tokenizer, MARKERS)
     text = template.render(USER, [WEATHER], None).text
     system = text.split("<|im_end|>", 1)[0]
     assert system.startswith("<|im_start|>system\n")
@@ -75,7 +133,7 @@ def test_a_template_that_ignores_tools_gets_them_in_a_hermes_system_block(smollm
 
 
 def test_a_system_message_keeps_its_text_before_the_tool_block(smollm2_tokenizer):
-    template = ChatTemplate.for_tokenizer(smollm2_tokenizer, MARKERS)
+    template = chat_template_for(smollm2_tokenizer, MARKERS)
     text = template.render([{"role": "system", "content": "Be brief."}, *USER], [WEATHER], None).text
     assert text.startswith("<|im_start|>system\nBe brief.\n\nYou are a function calling AI model.")
 
@@ -104,7 +162,7 @@ def test_chat_template_file_replaces_the_models_template(tmp_path: Path, smollm2
     ],
 )
 def test_the_resolved_thinking_reaches_the_template_as_both_keys(smollm2_tokenizer, kwargs, thinking, tail):
-    template = ChatTemplate.for_tokenizer(smollm2_tokenizer, MARKERS, THINKING_TEMPLATE)
+    template = chat_template_for(smollm2_tokenizer, MARKERS, THINKING_TEMPLATE)
     rendered = template.render(USER, None, kwargs)
     assert rendered.thinking is thinking
     assert rendered.text.endswith(tail)
@@ -113,7 +171,7 @@ def test_the_resolved_thinking_reaches_the_template_as_both_keys(smollm2_tokeniz
 def test_a_template_whose_default_is_off_is_detected(smollm2_tokenizer):
     switch = "enable_thinking is defined and enable_thinking is false"
     source = THINKING_TEMPLATE.replace(switch, "not (enable_thinking is defined and enable_thinking)")
-    template = ChatTemplate.for_tokenizer(smollm2_tokenizer, MARKERS, source)
+    template = chat_template_for(smollm2_tokenizer, MARKERS, source)
     assert template.supports_thinking and not template.thinking_default
     assert template.render(USER, None, {"enable_thinking": True}).thinking is True
 
@@ -130,7 +188,7 @@ def test_template_files_may_be_json_wrapped(tmp_path: Path):
 def test_a_template_refusing_the_conversation_is_an_invalid_request(smollm2_tokenizer):
     refusal = "{{ raise_exception('the first message must be a user message') }}"
     source = "{% if messages[0].role != 'user' %}" + refusal + "{% endif %}"
-    template = ChatTemplate.for_tokenizer(smollm2_tokenizer, MARKERS, source + THINKING_TEMPLATE)
+    template = chat_template_for(smollm2_tokenizer, MARKERS, source + THINKING_TEMPLATE)
     with pytest.raises(ChatTemplateError, match="the first message must be a user message") as info:
         template.render([{"role": "assistant", "content": "x"}], None, None)
     assert isinstance(info.value, InvalidRequestError)
@@ -150,7 +208,7 @@ def test_a_model_without_a_template_is_refused_with_how_to_pass_one(tmp_path: Pa
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     assert not tokenizer.chat_template
     with pytest.raises(NoChatTemplateError) as info:
-        ChatTemplate.for_tokenizer(tokenizer, MARKERS)
+        chat_template_for(tokenizer, MARKERS)
     assert str(info.value) == NO_TEMPLATE_MESSAGE
     assert NO_TEMPLATE_MESSAGE == "the model has no chat template; pass one with --chat-template FILE"
     assert load_chat_template(tokenizer, MARKERS, None) is None  # the engine starts; Chat refuses

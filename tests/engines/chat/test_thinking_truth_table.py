@@ -13,9 +13,9 @@ import itertools
 
 import pytest
 
+from dpgate.chat.template import ChatTemplate
 from engines.chat.markers import ChatMarkers
 from engines.chat.output_parser import ChatOutputParser, ParsedToolCall, collect, parse_all
-from engines.chat.template import ChatTemplate
 
 ABSENT = object()
 SWITCHES = {"absent": ABSENT, "true": True, "false": False, "null": None}
@@ -47,8 +47,8 @@ WEATHER_CALL = ParsedToolCall("call_0", "get_weather", '{"city":"Paris"}')
 def templates(smollm2_tokenizer) -> dict[bool, ChatTemplate]:
     """By their default: True -> the template that thinks unless told not to."""
     made = {
-        True: ChatTemplate(smollm2_tokenizer, DEFAULT_ON_TEMPLATE, ChatMarkers()),
-        False: ChatTemplate(smollm2_tokenizer, DEFAULT_OFF_TEMPLATE, ChatMarkers()),
+        True: ChatTemplate(DEFAULT_ON_TEMPLATE, ChatMarkers()),
+        False: ChatTemplate(DEFAULT_OFF_TEMPLATE, ChatMarkers()),
     }
     assert made[True].thinking_default is True and made[False].thinking_default is False
     return made

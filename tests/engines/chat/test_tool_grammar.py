@@ -11,10 +11,10 @@ import jsonschema
 import pytest
 import torch
 
+from dpgate.chat.tools import InvalidToolError, ToolSpec
 from engines.chat.markers import ChatMarkers
 from engines.chat.output_parser import parse_all
 from engines.chat.tool_grammar import tool_call_grammar
-from engines.chat.tools import InvalidToolError, ToolSpec
 from engines.grammar.bits import allowed_token_ids
 from engines.grammar.compiler import GrammarCompiler
 from engines.grammar.matcher import RequestGrammar

@@ -106,9 +106,9 @@ def test_a_compile_stops_when_its_only_caller_goes_away_and_the_loop_stays_free(
 def test_a_tool_call_grammar_over_the_budget_is_refused_naming_the_flag(compiler):
     import threading
 
+    from dpgate.chat.tools import ToolSpec
     from engines.chat.markers import ChatParsing
     from engines.chat.tool_grammar import tool_call_grammar
-    from engines.chat.tools import ToolSpec
     from engines.sampling.params import InvalidRequestError
 
     deep = ToolSpec("deep", "", json.loads(nested_schema(400)))

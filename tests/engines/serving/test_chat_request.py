@@ -7,9 +7,10 @@ import json
 
 import pytest
 
+from dpgate.chat.template import ChatTemplate
 from dpgate.v1 import generate_pb2 as pb
 from engines.chat.markers import ChatParsing
-from engines.chat.template import ChatTemplate
+from engines.chat.template import chat_template_for
 from engines.sampling.params import InvalidRequestError
 from engines.serving.chat_request import ToolCallsOffError, build_chat
 from engines.serving.request_builder import ModelLimits, UnknownModelError
@@ -28,7 +29,7 @@ JSON_OUTPUT = pb.StructuredOutput(json_object=pb.JsonObject())
 
 @pytest.fixture(scope="module")
 def template(smollm2_tokenizer) -> ChatTemplate:
-    return ChatTemplate.for_tokenizer(smollm2_tokenizer, PARSING.markers)
+    return chat_template_for(smollm2_tokenizer, PARSING.markers)
 
 
 def build(tokenizer, template, **fields):

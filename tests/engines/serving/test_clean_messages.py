@@ -10,9 +10,10 @@ import re
 
 import pytest
 
+from dpgate.chat.template import ChatTemplate
 from dpgate.v1 import generate_pb2 as pb
 from engines.chat.markers import ChatParsing
-from engines.chat.template import ChatTemplate
+from engines.chat.template import chat_template_for
 from engines.grammar.spec import json_schema_spec
 from engines.sampling.params import InvalidRequestError
 from engines.serving.chat_request import build_chat
@@ -43,7 +44,7 @@ def test_json_schema_refusals_speak_json(schema, said):
 
 @pytest.fixture(scope="module")
 def template(smollm2_tokenizer) -> ChatTemplate:
-    return ChatTemplate.for_tokenizer(smollm2_tokenizer, ChatParsing().markers)
+    return chat_template_for(smollm2_tokenizer, ChatParsing().markers)
 
 
 @pytest.mark.parametrize(

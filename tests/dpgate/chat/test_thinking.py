@@ -1,4 +1,4 @@
-"""resolve_thinking: the one rule the renderer and the parser share (engines/chat/thinking.py)."""
+"""resolve_thinking: the one rule the renderer and the parser share (dpgate/chat/thinking.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from engines.chat.thinking import ThinkingKwargError, resolve_thinking
+from dpgate.chat.thinking import ThinkingKwargError, resolve_thinking
 from engines.sampling.params import InvalidRequestError
 
 ABSENT = object()

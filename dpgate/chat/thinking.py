@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engines.sampling.params import InvalidRequestError
+from dpgate.invalid_request import InvalidRequestError
 
 THINKING_KEYS = ("thinking", "enable_thinking")
 REASONING_EFFORT_KEY = "reasoning_effort"

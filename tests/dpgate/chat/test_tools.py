@@ -1,4 +1,4 @@
-"""Tool definitions validated where they enter (engines/chat/tools.py): every refusal names the field."""
+"""Tool definitions validated where they enter (dpgate/chat/tools.py): every refusal names the field."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from dpgate.chat.tools import MAX_TOOLS, InvalidToolError, ToolSpec, parse_tools
+from dpgate.json_text import MAX_GRAMMAR_BYTES
 from dpgate.v1 import generate_pb2 as pb
-from engines.chat.tools import MAX_TOOLS, InvalidToolError, ToolSpec, parse_tools
-from engines.grammar.spec import MAX_GRAMMAR_BYTES
 from engines.sampling.params import InvalidRequestError
 
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}

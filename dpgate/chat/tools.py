@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engines.grammar.spec import MAX_GRAMMAR_BYTES, json_type_name, strict_json_loads
-from engines.sampling.params import InvalidRequestError
+from dpgate.invalid_request import InvalidRequestError
+from dpgate.json_text import MAX_GRAMMAR_BYTES, json_type_name, strict_json_loads
 
 MAX_TOOLS = 128
 MAX_NAME_CHARS = 64

@@ -1,0 +1,41 @@
+"""JSON text that a request carries: read strictly, described in words, and bounded in size.
+
+Shared by the engine's structured outputs (engines/grammar/spec.py) and the chat tools that both
+the engine and the gateway read (dpgate/chat/tools.py), so a tool's parameters are parsed by one
+rule wherever they are read.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# A JSON schema of 26 KB with nested string patterns took xgrammar 8 s to compile on a 2-core
+# AVX2 machine; the bound keeps a single request from occupying a compile thread for minutes.
+# A chat request's tool parameters become one grammar too, so they share it.
+MAX_GRAMMAR_BYTES = 32 * 1024
+
+
+def strict_json_loads(text: str) -> Any:
+    """JSON as RFC 8259 has it: Python's json takes NaN, Infinity and -Infinity, which are not JSON
+    (and which the grammar library then fails on with its own internal check message)."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def json_type_name(value: Any) -> str:
+    """The JSON name of a parsed value's type, for messages (never a Python type name)."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if value is None:
+        return "null"
+    return "a number"
