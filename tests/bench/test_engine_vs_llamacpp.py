@@ -148,6 +148,7 @@ def test_bad_flags_exit_2_naming_the_flag(flags, message, capsys):
     assert exited.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(
     not llamacpp_build.location_for().is_built, reason="llama.cpp is not built in the cache (no build in CI)"
 )
