@@ -75,6 +75,9 @@ class EngineClient:
         self.num_used_blocks = 0  # KV blocks held by the engine's requests (GetLoad)
         # Prompt tokens its cache lacked, of calls this gateway routed there that are still open.
         self.pending_prefill_tokens = 0
+        # Prompt tokens of calls this gateway saw end since the last GetLoad: their KV is cached-free
+        # in the engine now, but num_used_blocks (up to one health interval old) still counts it.
+        self.released_tokens = 0
         self.rank_metadata: tuple[tuple[str, str], ...] = ()
         # Set by a forwarded call that saw the engine fail, so the watcher probes at once.
         self.wake = asyncio.Event()
@@ -141,8 +144,19 @@ class EngineClient:
             num_in_flight=self.num_in_flight,
             num_running=self.num_running,
             num_waiting=self.num_waiting,
-            load_tokens=self.num_used_blocks * identity.kv_block_size + self.pending_prefill_tokens,
+            load_tokens=self.kv_load_tokens(identity.kv_block_size) + self.pending_prefill_tokens,
         )
+
+    def kv_load_tokens(self, block_size: int) -> int:
+        """The engine's KV held for running requests, in tokens, as of now: GetLoad's figure less
+        what calls ended since then released. Without this, an engine that has just finished a
+        conversation's turn looks loaded by that turn's KV until the next GetLoad, about as much
+        as its cache would save the next turn, so back-to-back turns left the engine holding them."""
+        return max(0, self.num_used_blocks * block_size - self.released_tokens)
+
+    def prompt_released(self, num_prompt_tokens: int) -> None:
+        """A call this gateway hashed ended here: its prompt's KV is no longer held for it."""
+        self.released_tokens += num_prompt_tokens
 
     async def fetch_identity(self, timeout: float) -> EngineIdentity:
         info = await self._get_server_info(control_pb2.GetServerInfoRequest(), timeout=timeout)
@@ -190,10 +204,12 @@ class EngineClient:
         return response.status == health_pb2.HealthCheckResponse.SERVING
 
     async def refresh_load(self, timeout: float) -> None:
+        released_before = self.released_tokens  # releases during the call may postdate the answer
         load = await self._get_load(control_pb2.GetLoadRequest(), timeout=timeout)
         self.num_running = load.num_running
         self.num_waiting = load.num_waiting
         self.num_used_blocks = load.num_used_blocks
+        self.released_tokens -= released_before
 
     async def close(self) -> None:
         self.link.close()

@@ -361,6 +361,7 @@ class ForwardedCall:
             self._pending_prefill = 0
             if self._prompt is not None:
                 self._forwarder.prompts.closed(engine.address, self._prompt)
+                engine.prompt_released(self._prompt.num_prompt_tokens)
             self._engine = None
         return engine
 
