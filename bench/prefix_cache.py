@@ -165,7 +165,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--only", nargs="+", choices=sorted(WORKLOADS), default=sorted(WORKLOADS), help="workloads to run")
     add("--max-model-len", type=int, default=4096)
     add("--kv-cache-memory-mb", type=int, default=2048, help="each engine's KV cache (default holds 44k tokens)")
-    add("--llamacpp", action="store_true", help="also (a) as text over HTTP: dpgate serve vs llama.cpp's server")
+    add("--llamacpp", action="store_true",
+        help="also (a) as text over HTTP: dpgate serve vs llama.cpp's server (skipped unless built by "
+        "bench/llamacpp_build.py)")  # fmt: skip
     add_json_argument(parser)
     args = parser.parse_args(argv)
     sizes = ("conversations", "turns", "system_tokens", "turn_tokens", "shared_system_tokens", "questions",
