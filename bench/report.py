@@ -72,6 +72,9 @@ BENCHMARKS = (
     Benchmark("gateway_overhead", (), ("--calls", "50", "--duration", "0.5", "--concurrency", "8", "--repeats", "1",
                                        "--no-install"), 300),
     Benchmark("http_overhead", (), ("--calls", "50", "--duration", "0.5", "--concurrency", "8"), 30),
+    Benchmark(
+        "cache_aware_path", (), ("--calls", "20", "--duration", "0.5", "--concurrency", "4", "--repeats", "1"), 60
+    ),
     Benchmark("grammar_overhead", (), ("--rounds", "1", "--tokens", "24"), 45),
     Benchmark("startup", (), ("--runs", "1",), 65),
     # The full sizes (the script's defaults: 16 x 8 turns, 64 questions, 64 prompts) take over an

@@ -256,6 +256,19 @@ def vllm_rows(record: dict) -> list[Row]:
     return rows
 
 
+def cache_aware_path_rows(record: dict) -> list[Row]:
+    """cache_aware_path.py: the gateway's cache-aware path (tokenize, hash, score) against its relay path."""
+    results, cpu = record["results"], cpu_label(record["machine"])
+    relay, aware = results["paths"]["relay (pinned)"], results["paths"]["cache-aware (unpinned)"]
+    prompt = f"{results['prompt_tokens']:,}-token prompt"
+    return [
+        Row(f"gateway unary p50 at c=1, {prompt}, cache-aware path", aware["p50_ms"], "relay path (pinned)",
+            relay["p50_ms"], "ms", "lower", cpu),
+        Row(f"gateway CPU per call, {prompt}, cache-aware path", aware["cpu_us_per_call"], "relay path (pinned)",
+            relay["cpu_us_per_call"], "us", "lower", cpu),
+    ]  # fmt: skip
+
+
 def routing_rows(record: dict) -> list[Row]:
     """Per workload, cache-aware against the best other policy of the same run (the issue's targets)."""
     cpu = cpu_label(record["machine"])
@@ -288,4 +301,5 @@ ROWS = {
     "dcp_scaling": dcp_rows,
     "prefix_cache": prefix_cache_rows,
     "routing": routing_rows,
+    "cache_aware_path": cache_aware_path_rows,
 }

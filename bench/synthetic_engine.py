@@ -5,7 +5,11 @@ implements ControlService (GetServerInfo with its rank and DP size, GetModelInfo
 and grpc.health.v1, and counts calls in `dpgate_engine_requests_total{rpc,code}` like the real
 engine. No model runs, so the benchmark measures the gateway, not the engine (the way router
 benchmarks use a stub backend). `--max-running 1` mimics the real engine's one-request-at-a-time
-scheduling: later requests wait and count as num_waiting.
+scheduling: later requests wait and count as num_waiting. `--prefix-cache` makes it look like an
+engine with a prefix cache to the gateway, so the gateway takes its cache-aware path (tokenize,
+hash, score) for every unpinned Generate: it hands out the packaged SmolLM2's tokenizer
+(GetTokenizer) and publishes an empty cached set (WatchKvEvents: one snapshot, then nothing), so
+every prompt is a miss and the path is measured at its full cost.
 
 Run alone: `python bench/synthetic_engine.py --port 50061 --data-parallel-rank 0 --data-parallel-size 2`.
 """
@@ -48,6 +52,17 @@ class SyntheticEngineConfig:
     # Characters of text in each streamed delta: a large value makes a stream produce bytes as fast
     # as a busy real deployment would, so a client that never reads can be tested in seconds.
     delta_chars: int = 1
+    # GetTokenizer's answer, when the engine should publish a (always empty) prefix cache.
+    tokenizer: control_pb2.GetTokenizerResponse | None = None
+
+
+def smollm2_tokenizer_message() -> control_pb2.GetTokenizerResponse:
+    """The packaged SmolLM2's tokenizer as the real engine exports it (Generate text only)."""
+    from engines.model.source import resolve_model
+    from engines.model.tokenizer import load_tokenizer
+    from engines.serving.tokenizer_export import tokenizer_message
+
+    return tokenizer_message(load_tokenizer(resolve_model("smollm2-135m-instruct")).tokenizer, None)
 
 
 class SyntheticEngine:
@@ -74,6 +89,9 @@ class SyntheticEngine:
             max_model_len=4096,
             kv_block_size=16,
             num_kv_blocks=1024,
+            prefix_caching=config.tokenizer is not None,
+            prefix_cache_root_hash=0x5EED if config.tokenizer is not None else 0,
+            tokenizer_fingerprint=config.tokenizer.fingerprint if config.tokenizer is not None else "",
         ).SerializeToString()
         self._model_info = control_pb2.GetModelInfoResponse(
             model=config.model, architecture="synthetic", vocab_size=32000, max_model_len=4096, dtype="none"
@@ -200,6 +218,17 @@ class SyntheticEngine:
         self._count("Abort", grpc.StatusCode.OK)
         return control_pb2.AbortResponse().SerializeToString()
 
+    async def get_tokenizer(self, raw: bytes, context: aio.ServicerContext) -> bytes:
+        self._count("GetTokenizer", grpc.StatusCode.OK)
+        return self.config.tokenizer.SerializeToString()
+
+    async def watch_kv_events(self, raw: bytes, context: aio.ServicerContext):
+        """An empty cached set, then nothing until the subscriber leaves."""
+        self._count("WatchKvEvents", grpc.StatusCode.OK)
+        snapshot = control_pb2.WatchKvEventsResponse(incarnation_id="synthetic", snapshot=control_pb2.KvSnapshot())
+        yield snapshot.SerializeToString()
+        await asyncio.Event().wait()
+
     # --- server -------------------------------------------------------------------------------
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
@@ -212,15 +241,16 @@ class SyntheticEngine:
                 "GenerateStream": grpc.unary_stream_rpc_method_handler(self.generate_stream),
             },
         )
-        server.add_registered_method_handlers(
-            CONTROL_SERVICE,
-            {
-                "GetServerInfo": unary(self.get_server_info),
-                "GetModelInfo": unary(self.get_model_info),
-                "GetLoad": unary(self.get_load),
-                "Abort": unary(self.abort),
-            },
-        )
+        control = {
+            "GetServerInfo": unary(self.get_server_info),
+            "GetModelInfo": unary(self.get_model_info),
+            "GetLoad": unary(self.get_load),
+            "Abort": unary(self.abort),
+        }
+        if self.config.tokenizer is not None:
+            control["GetTokenizer"] = unary(self.get_tokenizer)
+            control["WatchKvEvents"] = grpc.unary_stream_rpc_method_handler(self.watch_kv_events)
+        server.add_registered_method_handlers(CONTROL_SERVICE, control)
         health = health_aio.HealthServicer()
         for service in ("", INFERENCE_SERVICE, CONTROL_SERVICE):
             await health.set(service, health_pb2.HealthCheckResponse.SERVING)
@@ -252,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-running", type=int, default=0, help="0: no limit; 1: like the real engine")
     parser.add_argument("--delta-chars", type=int, default=1, help="characters of text in each streamed delta")
     parser.add_argument("--metrics-port", type=int)
+    parser.add_argument("--prefix-cache", action="store_true", help="publish an empty prefix cache (see above)")
     args = parser.parse_args(argv)
     config = SyntheticEngineConfig(
         data_parallel_rank=args.data_parallel_rank,
@@ -261,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         token_delay_s=args.token_delay,
         max_running=args.max_running or None,
         delta_chars=args.delta_chars,
+        tokenizer=smollm2_tokenizer_message() if args.prefix_cache else None,
     )
 
     async def serve() -> None:
