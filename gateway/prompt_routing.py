@@ -7,8 +7,9 @@ so this parses it here. Generate text is tokenized with the engine's own tokeniz
 added); Chat messages are rendered by the engine's own renderer (dpgate/chat/: its template,
 special tokens, markers, tools and thinking rule) and encoded without adding special tokens, as
 the engine does. The blocks are hashed with the engine's documented function (gateway/routing/
-block_hashes.py), with the call's tenant and cache_salt, on a worker thread: about 2 ms for a
-1,000-token prompt here (encoding 1.9 ms, hashing 0.08 ms), which must not stall the event loop.
+block_hashes.py), with the call's tenant and cache_salt, on a worker thread: 1-2 ms for a
+1,000-token prompt here (encoding most of it, hashing 0.08 ms), which must not stall the event
+loop; bench/cache_aware_path.py measures the whole path against the relay path.
 A Chat call the renderer refuses (the engine will refuse it too, naming the field) is routed by load.
 """
 

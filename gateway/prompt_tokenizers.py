@@ -70,7 +70,7 @@ class PromptTokenizers:
     def encode(self, fingerprint: str, text: str) -> list[int]:
         """The engine's token ids for a text prompt (special tokens added, as the engine does).
         Blocking: call it from a worker thread."""
-        return self.tokenizers[fingerprint].encode(text, add_special_tokens=True).ids
+        return _ids(self.tokenizers[fingerprint], text, add_special_tokens=True)
 
     def renders_chat(self, fingerprint: str) -> bool:
         return fingerprint in self.chat_templates
@@ -79,7 +79,14 @@ class PromptTokenizers:
         """The engine's token ids for a Chat request's prompt. Raises what the engine would refuse
         the request with (InvalidRequestError and its kinds); blocking: call it from a worker thread."""
         rendered = render_chat(self.chat_templates[fingerprint], chat_inputs(request))
-        return self.tokenizers[fingerprint].encode(rendered.text, add_special_tokens=False).ids
+        return _ids(self.tokenizers[fingerprint], rendered.text, add_special_tokens=False)
+
+
+def _ids(tokenizer: tokenizers.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    """`encode(...).ids` without the offsets and alignments `encode` also builds, which routing never
+    reads: the same ids (checked on both packaged models' corpora) in about half the time, 1.3
+    against 2.4 ms for a 1,000-token prompt here — most of the cache-aware path's cost."""
+    return tokenizer.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
 
 
 def _chat_template(answer: control_pb2.GetTokenizerResponse) -> ChatTemplate | None:
