@@ -8,6 +8,7 @@ rule wherever they are read.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 # A JSON schema of 26 KB with nested string patterns took xgrammar 8 s to compile on a 2-core
@@ -27,15 +28,18 @@ def _refuse_constant(name: str) -> Any:
 
 
 def json_type_name(value: Any) -> str:
-    """The JSON name of a parsed value's type, for messages (never a Python type name)."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
+    """The JSON name of a value's type, for messages a client reads (never a Python type name):
+    parsed JSON, or values read from a protobuf Struct (mappings, sequences)."""
     if value is None:
         return "null"
-    return "a number"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return "an unsupported value"

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from dpgate.invalid_request import InvalidRequestError
+from dpgate.json_text import json_type_name
 
 THINKING_KEYS = ("thinking", "enable_thinking")
 REASONING_EFFORT_KEY = "reasoning_effort"
@@ -39,10 +40,12 @@ def resolve_thinking(kwargs: Mapping[str, Any] | None, template_default: bool) -
     given = {key: kwargs[key] for key in THINKING_KEYS if key in kwargs}
     for key, value in given.items():
         if value is not None and not isinstance(value, bool):
-            raise ThinkingKwargError(f"{FIELD}.{key} must be true, false or null, not {_json_type(value)}")
+            raise ThinkingKwargError(f"{FIELD}.{key} must be true, false or null, not {json_type_name(value)}")
     effort = kwargs.get(REASONING_EFFORT_KEY)
     if effort is not None and not isinstance(effort, str):
-        raise ThinkingKwargError(f"{FIELD}.{REASONING_EFFORT_KEY} must be a string or null, not {_json_type(effort)}")
+        raise ThinkingKwargError(
+            f"{FIELD}.{REASONING_EFFORT_KEY} must be a string or null, not {json_type_name(effort)}"
+        )
     if effort == REASONING_EFFORT_OFF:
         return False
     if any(value is True for value in given.values()):
@@ -50,18 +53,3 @@ def resolve_thinking(kwargs: Mapping[str, Any] | None, template_default: bool) -
     if given:
         return False  # false or null, and nothing true: an explicit opt-out
     return template_default
-
-
-def _json_type(value: Any) -> str:
-    """The JSON name of a value's type, for an error a client can read (no Python type names)."""
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, Mapping):
-        return "an object"
-    if isinstance(value, list | tuple):
-        return "an array"
-    return "an unsupported value"

@@ -11,22 +11,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dpgate.json_text import json_type_name
 from gateway.openai.errors import RequestError
-
-
-def kind_of(value: Any) -> str:
-    """A JSON type name for messages (never a Python type name)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
 
 
 class Fields:
@@ -36,7 +22,7 @@ class Fields:
 
     def __init__(self, body: Any, prefix: str = "", what: str = "the request body") -> None:
         if not isinstance(body, dict):
-            raise RequestError(f"{what} must be a JSON object, not {kind_of(body)}", prefix.rstrip(".") or None)
+            raise RequestError(f"{what} must be a JSON object, not {json_type_name(body)}", prefix.rstrip(".") or None)
         self._body = body
         self._prefix = prefix
         self._taken: set[str] = set()
@@ -54,13 +40,13 @@ class Fields:
     def take_str(self, key: str) -> str | None:
         value = self.take(key)
         if value is not None and not isinstance(value, str):
-            raise RequestError(f"{self.name(key)} must be a string, not {kind_of(value)}", self.name(key))
+            raise RequestError(f"{self.name(key)} must be a string, not {json_type_name(value)}", self.name(key))
         return value
 
     def take_bool(self, key: str) -> bool | None:
         value = self.take(key)
         if value is not None and not isinstance(value, bool):
-            raise RequestError(f"{self.name(key)} must be true or false, not {kind_of(value)}", self.name(key))
+            raise RequestError(f"{self.name(key)} must be true or false, not {json_type_name(value)}", self.name(key))
         return value
 
     def take_int(self, key: str, minimum: int | None = None, maximum: int | None = None) -> int | None:
@@ -70,7 +56,7 @@ class Fields:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise RequestError(f"{self.name(key)} must be an integer, not {kind_of(value)}", self.name(key))
+            raise RequestError(f"{self.name(key)} must be an integer, not {json_type_name(value)}", self.name(key))
         self._check_range(key, value, minimum, maximum)
         return value
 
@@ -79,14 +65,14 @@ class Fields:
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise RequestError(f"{self.name(key)} must be a finite number, not {kind_of(value)}", self.name(key))
+            raise RequestError(f"{self.name(key)} must be a finite number, not {json_type_name(value)}", self.name(key))
         self._check_range(key, value, minimum, maximum)
         return float(value)
 
     def take_list(self, key: str) -> list[Any] | None:
         value = self.take(key)
         if value is not None and not isinstance(value, list):
-            raise RequestError(f"{self.name(key)} must be an array, not {kind_of(value)}", self.name(key))
+            raise RequestError(f"{self.name(key)} must be an array, not {json_type_name(value)}", self.name(key))
         return value
 
     def take_object(self, key: str) -> Fields | None:
@@ -98,7 +84,7 @@ class Fields:
     def take_dict(self, key: str) -> dict[str, Any] | None:
         value = self.take(key)
         if value is not None and not isinstance(value, dict):
-            raise RequestError(f"{self.name(key)} must be a JSON object, not {kind_of(value)}", self.name(key))
+            raise RequestError(f"{self.name(key)} must be a JSON object, not {json_type_name(value)}", self.name(key))
         return value
 
     def refuse_rest(self) -> None:

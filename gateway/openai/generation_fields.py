@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from dpgate.json_text import json_type_name
 from dpgate.v1 import generate_pb2
 from gateway.openai.errors import RequestError
-from gateway.openai.fields import Fields, kind_of
+from gateway.openai.fields import Fields
 
 MAX_SEED = 2**64 - 1
 
@@ -51,7 +52,7 @@ def sampling_fields(fields: Fields, sampling: generate_pb2.SamplingParams) -> No
         if not key.isascii() or not key.isdigit() or int(key) >= 2**32:
             raise RequestError(f"logit_bias keys must be token ids (decimal integers), not {key!r}", "logit_bias")
         if isinstance(bias, bool) or not isinstance(bias, int | float):
-            raise RequestError(f"{name} must be a number, not {kind_of(bias)}", "logit_bias")
+            raise RequestError(f"{name} must be a number, not {json_type_name(bias)}", "logit_bias")
         sampling.logit_bias[int(key)] = float(bias)
 
 
@@ -159,7 +160,7 @@ def _json_schema_output(value: Any, name: str) -> generate_pb2.StructuredOutput:
         return generate_pb2.StructuredOutput(json_schema=value)
     if isinstance(value, dict | bool):
         return generate_pb2.StructuredOutput(json_schema=json.dumps(value))
-    raise RequestError(f"{name} must be a JSON schema (an object or its JSON text), not {kind_of(value)}", name)
+    raise RequestError(f"{name} must be a JSON schema (an object or its JSON text), not {json_type_name(value)}", name)
 
 
 def _choice_output(value: list[Any], name: str) -> generate_pb2.StructuredOutput:

@@ -17,9 +17,10 @@ from typing import Any
 
 from google.protobuf import struct_pb2
 
+from dpgate.json_text import json_type_name
 from dpgate.v1 import generate_pb2
 from gateway.openai.errors import RequestError
-from gateway.openai.fields import Fields, kind_of
+from gateway.openai.fields import Fields
 from gateway.openai.generation_fields import (
     is_token_id,
     sampling_fields,
@@ -128,7 +129,8 @@ def _content(fields: Fields, where: str) -> str:
         return value or ""
     if not isinstance(value, list):
         raise RequestError(
-            f"{where}.content must be a string or an array of text parts, not {kind_of(value)}", f"{where}.content"
+            f"{where}.content must be a string or an array of text parts, not {json_type_name(value)}",
+            f"{where}.content",
         )
     texts = []
     for index, part in enumerate(value):
