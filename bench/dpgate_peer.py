@@ -164,10 +164,7 @@ class ServedDpgatePeer:
         }
 
     def close(self) -> None:
+        from tests.support.processes import stop_process
+
         self.channel.close()
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, timeout=30)

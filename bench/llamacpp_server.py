@@ -23,6 +23,8 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.processes import stop_process
+
 SERVER_DEPENDENCIES = (
     "fastapi==0.142.2",
     "uvicorn==0.54.0",
@@ -81,9 +83,4 @@ def llamacpp_server(build_directory: Path, gguf: Path, port: int, threads: int, 
         wait_until_serving(url, process, timeout=300)
         yield url
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, timeout=30)

@@ -45,11 +45,16 @@ def running(
         poll_until_serving(address, timeout=timeout, process=process, interval=0.1)
         yield RunningProcess(process, address, time.monotonic() - started)
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
         log.close()
+
+
+def stop_process(process: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM a child we started, SIGKILL it if it lingers past `timeout`, and reap it."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

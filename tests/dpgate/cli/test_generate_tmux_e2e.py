@@ -9,16 +9,12 @@ drives the footer through wrapped rows and a scrolling screen in a small pane.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 
-import grpc
 import pytest
 
 from dpgate.client import DpgateClient, GenerationOptions
-from tests.support.gateway_processes import PYTHON, ROOT, free_port
-from tests.support.health import poll_until_serving
+from tests.support.processes import free_port, running
 from tests.support.tmux_session import TmuxSession
 
 PROMPT = "The capital of France is"
@@ -47,24 +43,9 @@ def tmux_factory(tmp_path):
 def quick_start_server(log_dir):
     """`dpgate serve --port P`: the README's quick start on a free port, awaited until SERVING."""
     port = free_port()
-    log = open(log_dir / "quick-start-serve.log", "a")  # noqa: SIM115 (the child keeps it)
-    serve = subprocess.Popen(
-        [PYTHON, "-m", "dpgate.cli", "serve", "--port", str(port), "--http-port", "0"],
-        stdout=log, stderr=log, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )  # fmt: skip
-    try:
-        address = f"127.0.0.1:{port}"
-        with grpc.insecure_channel(address) as channel:
-            grpc.channel_ready_future(channel).result(timeout=30)
-            poll_until_serving(channel, timeout=120)
-        yield address
-    finally:
-        serve.terminate()
-        try:
-            serve.wait(30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-            serve.wait()
+    flags = ["serve", "--port", str(port), "--http-port", "0"]
+    with running(flags, port, timeout=120, log_path=str(log_dir / "quick-start-serve.log")) as serve:
+        yield serve.address
 
 
 def is_finished(history: str) -> bool:

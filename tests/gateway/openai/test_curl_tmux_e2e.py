@@ -9,15 +9,11 @@ same request unstreamed, a last chunk with the finish reason, then `data: [DONE]
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
-import grpc
 import pytest
 from openai import OpenAI
 
-from tests.support.gateway_processes import PYTHON, ROOT, free_port
-from tests.support.health import poll_until_serving
+from tests.support.processes import free_port, running
 from tests.support.tmux_session import TmuxSession
 
 QUESTION = "What is the capital of France?"
@@ -28,23 +24,9 @@ MAX_TOKENS = 12
 def served(log_dir):
     """`dpgate serve --port P --http-port H` on free ports, awaited until SERVING: (gRPC, HTTP) ports."""
     port, http_port = free_port(), free_port()
-    log = open(log_dir / "http-quick-start-serve.log", "a")  # noqa: SIM115 (the child keeps it)
-    serve = subprocess.Popen(
-        [PYTHON, "-m", "dpgate.cli", "serve", "--port", str(port), "--http-port", str(http_port)],
-        stdout=log, stderr=log, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-    )  # fmt: skip
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            grpc.channel_ready_future(channel).result(timeout=30)
-            poll_until_serving(channel, timeout=120)
+    flags = ["serve", "--port", str(port), "--http-port", str(http_port)]
+    with running(flags, port, timeout=120, log_path=str(log_dir / "http-quick-start-serve.log")):
         yield port, http_port
-    finally:
-        serve.terminate()
-        try:
-            serve.wait(30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-            serve.wait()
 
 
 @pytest.fixture
