@@ -32,7 +32,11 @@ BACKGROUND_P99_BOUND_S = 3.0
 
 def scrape(port: int) -> dict[str, float]:
     """Prometheus samples of the server's metrics on 127.0.0.1:`port`, as {'name{labels}': value}."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return sample_values(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+
+
+def sample_values(text: str) -> dict[str, float]:
+    """Prometheus text exposition -> {'name{labels}': value}, comments left out."""
     samples = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):

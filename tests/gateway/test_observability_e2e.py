@@ -19,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from dpgate.e2e.neighbour import sample_values
 from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2
 from tests.support.gateway_processes import (
     FAST_HEALTH,
@@ -208,12 +209,3 @@ def test_dashboard_metrics_are_exposed_with_values_and_pass_promtool(deployment,
 def unexposed(queries: list[tuple[str, str]], exposed: set[str]) -> set[tuple[str, str]]:
     """(panel title, metric name) for each name a query reads that no process exposes."""
     return {(title, name) for title, expr in queries for name in metric_names(expr) if name not in exposed}
-
-
-def sample_values(text: str) -> dict[str, float]:
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            values[name] = float(value)
-    return values
