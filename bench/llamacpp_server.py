@@ -14,15 +14,13 @@ together queue.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.support.health import poll_until_http_ok
 from tests.support.processes import stop_process
 
 SERVER_DEPENDENCIES = (
@@ -52,20 +50,6 @@ def install_dependencies(build_directory: Path, log=print) -> Path:
     return target
 
 
-def wait_until_serving(url: str, process: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"llama.cpp's server exited with {process.returncode} before serving")
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=2) as reply:
-                json.load(reply)
-                return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"llama.cpp's server did not serve {url} within {timeout:.0f} s")
-
-
 @contextmanager
 def llamacpp_server(build_directory: Path, gguf: Path, port: int, threads: int, n_ctx: int, log_path: Path):
     """Yields the server's base URL (http://127.0.0.1:PORT); stops the server (by its pid) after."""
@@ -80,7 +64,7 @@ def llamacpp_server(build_directory: Path, gguf: Path, port: int, threads: int, 
         process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_serving(url, process, timeout=300)
+        poll_until_http_ok(f"{url}/v1/models", process, "llama.cpp's server", timeout=300)
         yield url
     finally:
         stop_process(process, timeout=30)

@@ -19,8 +19,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,21 +52,6 @@ def tokenizer_folder(cache: Path) -> Path:
     return folder
 
 
-def wait_healthy(port: int, process: subprocess.Popen, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"dpgate serve exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"dpgate serve's /health was not 200 within {timeout} s")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--concurrency", type=int, default=4)
@@ -80,6 +63,8 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from dpgate.cache_dir import dpgate_cache_dir
     from dpgate.ports import free_port
+    from tests.support.health import poll_until_http_ok
+    from tests.support.processes import stop_process
 
     cache = dpgate_cache_dir()
     guidellm = tool_venv(cache)
@@ -92,7 +77,7 @@ def main() -> int:
         [sys.executable, "-m", "dpgate.cli", "serve", "--port", str(grpc_port), "--http-port", str(http_port)], env=env
     )
     try:
-        wait_healthy(http_port, serve)
+        poll_until_http_ok(f"http://127.0.0.1:{http_port}/health", serve, "dpgate serve")
         command = [
             str(guidellm), "run",
             "--backend", f"kind=openai_http,target=http://127.0.0.1:{http_port},model={MODEL}",
@@ -108,11 +93,7 @@ def main() -> int:
         print(f"guidellm's report: {output}")
         return result.returncode
     finally:
-        serve.terminate()
-        try:
-            serve.wait(30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        stop_process(serve, timeout=30)
 
 
 if __name__ == "__main__":
