@@ -59,14 +59,16 @@ def health_status(address: str, service: str = "") -> int:
         return health_pb2_grpc.HealthStub(channel).Check(request, timeout=5).status
 
 
-def poll_until_http_ok(url: str, process: subprocess.Popen, name: str, timeout: float = 180) -> None:
-    """GET `url` every 0.5 s until it answers 200 (an HTTP server's readiness: `dpgate serve`'s
-    /health, a peer's /v1/models); fails naming `name` if the process exits or time runs out."""
+def poll_until_http_ok(
+    url: str, process: subprocess.Popen | None, name: str, timeout: float = 180, interval: float = 0.5
+) -> None:
+    """GET `url` every `interval` s until it answers 200 (an HTTP server's readiness: `dpgate serve`'s
+    /health, a peer's /v1/models); fails naming `name` if `process` exits or time runs out."""
     import urllib.request
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if process.poll() is not None:
+        if process is not None and process.poll() is not None:
             raise RuntimeError(f"{name} exited with {process.returncode} before serving")
         try:
             with urllib.request.urlopen(url, timeout=2) as answer:
@@ -74,5 +76,5 @@ def poll_until_http_ok(url: str, process: subprocess.Popen, name: str, timeout: 
                     return
         except OSError:
             pass
-        time.sleep(0.5)
+        time.sleep(interval)
     raise RuntimeError(f"{name} did not answer 200 on {url} within {timeout:.0f} s")

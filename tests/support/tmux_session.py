@@ -9,12 +9,14 @@ redraws that the final screen no longer holds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,3 +89,13 @@ class TmuxSession:
         subprocess.run([TMUX, "-L", self.socket, "kill-server"], capture_output=True, timeout=10)
         if self.socket_path is not None and self.socket_path.name == self.socket:
             self.socket_path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def open_terminal(directory: Path, width: int, height: int) -> Iterator[TmuxSession]:
+    """A terminal for one test, killed after it whatever happened."""
+    session = TmuxSession(directory, width, height)
+    try:
+        yield session
+    finally:
+        session.kill()

@@ -19,7 +19,7 @@ import pytest
 from dpgate.cli.chat_view import CANCELLED_LINE
 from dpgate.client import DpgateClient, GenerationOptions
 from tests.dpgate.client.test_chat_client_e2e import wait_nothing_running
-from tests.support.tmux_session import TmuxSession
+from tests.support.tmux_session import open_terminal
 
 FIRST = "What is the capital of France? Answer in one sentence."
 SECOND = "Write a very long story about a dragon who learns to bake bread."
@@ -39,11 +39,8 @@ def _prompt_is_back(history: str, marker: str) -> bool:
 
 @pytest.fixture
 def terminal(tmp_path):
-    session = TmuxSession(tmp_path, 120, 30)
-    try:
+    with open_terminal(tmp_path, 120, 30) as session:
         yield session
-    finally:
-        session.kill()
 
 
 def test_two_turns_one_cancelled_with_ctrl_c(smollm2_chat_server, terminal, request) -> None:

@@ -14,7 +14,7 @@ import pytest
 from openai import OpenAI
 
 from tests.support.processes import free_port, running
-from tests.support.tmux_session import TmuxSession
+from tests.support.tmux_session import open_terminal
 
 QUESTION = "What is the capital of France?"
 MAX_TOKENS = 12
@@ -31,11 +31,8 @@ def served(log_dir):
 
 @pytest.fixture
 def terminal(tmp_path):
-    session = TmuxSession(tmp_path, 400, 50)
-    try:
+    with open_terminal(tmp_path, 400, 50) as session:
         yield session
-    finally:
-        session.kill()
 
 
 def curl_command(http_port: int) -> str:

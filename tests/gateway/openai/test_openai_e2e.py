@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -24,6 +23,7 @@ import pytest
 from dpgate.ports import free_port
 from dpgate.v1 import generate_pb2 as pb
 from tests.support.gateway_processes import FAST_HEALTH, EngineProcess, GatewayProcess, inference_stub
+from tests.support.health import poll_until_http_ok
 
 KEY = "test-key"
 AUTH = (("authorization", f"Bearer {KEY}"),)
@@ -45,19 +45,6 @@ ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def wait_healthy(port: int, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError(f"the gateway's /health was not 200 within {timeout} s")
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory):
     log_dir = tmp_path_factory.mktemp("openai-e2e")
@@ -67,7 +54,8 @@ def served(tmp_path_factory: pytest.TempPathFactory):
         engine.wait_serving()
         gateway = GatewayProcess([engine.address], *FAST_HEALTH, "--http-port", "0", "--api-key", KEY, log_dir=log_dir)
         try:
-            wait_healthy(gateway.http_port)  # GetServerInfo would need the key: /health is open
+            # GetServerInfo would need the key: /health is open
+            poll_until_http_ok(f"http://127.0.0.1:{gateway.http_port}/health", None, "the gateway", 30, 0.05)
             yield engine, gateway, log_dir
         finally:
             gateway.stop()
