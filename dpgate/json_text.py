@@ -23,6 +23,17 @@ def strict_json_loads(text: str) -> Any:
     return json.loads(text, parse_constant=_refuse_constant)
 
 
+def load_json_field(text: str, field: str, error: type[Exception]) -> Any:
+    """A request field's JSON text, strictly read, or `error` naming the field and what is wrong
+    (not JSON, with the parser's reason; nested past Python's recursion limit)."""
+    try:
+        return strict_json_loads(text)
+    except ValueError as reason:  # json.JSONDecodeError, or NaN / Infinity
+        raise error(f"{field} is not valid JSON: {reason}") from None
+    except RecursionError:
+        raise error(f"{field} is nested too deeply") from None
+
+
 def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpgate.invalid_request import InvalidRequestError
-from dpgate.json_text import MAX_GRAMMAR_BYTES, json_type_name, strict_json_loads
+from dpgate.json_text import MAX_GRAMMAR_BYTES, json_type_name, load_json_field
 
 MAX_TOOLS = 128
 MAX_NAME_CHARS = 64
@@ -78,12 +78,7 @@ def parse_parameters(text: str, field: str) -> dict[str, Any]:
         return dict(EMPTY_PARAMETERS)
     if len(text.encode()) > MAX_GRAMMAR_BYTES:
         raise InvalidToolError(f"{field} is {len(text.encode())} bytes; at most {MAX_GRAMMAR_BYTES} are allowed")
-    try:
-        schema = strict_json_loads(text)
-    except ValueError as error:  # json.JSONDecodeError, or NaN / Infinity
-        raise InvalidToolError(f"{field} is not valid JSON: {error}") from None
-    except RecursionError:
-        raise InvalidToolError(f"{field} is nested too deeply") from None
+    schema = load_json_field(text, field, InvalidToolError)
     if not isinstance(schema, dict):
         raise InvalidToolError(f"{field} must be a JSON schema (a JSON object), not {json_type_name(schema)}")
     kind = schema.get("type", "object")

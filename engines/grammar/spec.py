@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from dpgate.json_text import MAX_GRAMMAR_BYTES, json_type_name, strict_json_loads
+from dpgate.json_text import MAX_GRAMMAR_BYTES, json_type_name, load_json_field
 from engines.sampling.params import InvalidRequestError, require
 
 # MAX_GRAMMAR_BYTES (dpgate/json_text.py, shared with chat tools) bounds every grammar's source text.
@@ -43,12 +43,7 @@ class GrammarSpec:
 def json_schema_spec(schema: str) -> GrammarSpec:
     field = "structured_output.json_schema"
     _require_size(schema, field)
-    try:
-        document = strict_json_loads(schema)
-    except ValueError as error:  # json.JSONDecodeError, or NaN / Infinity
-        raise InvalidRequestError(f"{field} is not JSON: {error}") from None
-    except RecursionError:
-        raise InvalidRequestError(f"{field} is nested too deeply") from None
+    document = load_json_field(schema, field, InvalidRequestError)
     require(
         isinstance(document, dict | bool),
         f"{field} must be a JSON object (or true/false), not {json_type_name(document)}",

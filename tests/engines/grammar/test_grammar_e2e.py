@@ -84,7 +84,7 @@ def test_a_schema_that_is_not_json_is_invalid_argument(inference):
     with pytest.raises(grpc.RpcError) as error:
         inference.Generate(generate("x", pb.StructuredOutput(json_schema="{'type': 'string'}")), timeout=60)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert error.value.details().startswith("structured_output.json_schema is not JSON")
+    assert error.value.details().startswith("structured_output.json_schema is not valid JSON")
 
 
 def test_a_stop_token_the_grammar_needs_next_ends_the_stream_with_the_conflict(inference):

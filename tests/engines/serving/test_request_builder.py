@@ -105,7 +105,7 @@ def test_a_request_without_structured_output_has_no_grammar(smollm2_tokenizer):
 
 BAD_STRUCTURED_OUTPUTS = [
     (pb.StructuredOutput(), "structured_output must set one kind"),
-    (pb.StructuredOutput(json_schema="{not json"), "structured_output.json_schema is not JSON: Expecting property"),
+    (pb.StructuredOutput(json_schema="{not json"), "structured_output.json_schema is not valid JSON: Expecting"),
     (pb.StructuredOutput(json_schema="[1, 2]"), "structured_output.json_schema must be a JSON object"),
     (
         pb.StructuredOutput(json_schema=" " * 40000 + "{}"),
