@@ -98,16 +98,19 @@ inline void score_keys(const float* q, const KV* const* key, int64_t D, int64_t 
 // h0..h0+HB-1, written to out (the division by the sum follows, in attention_query). W may be
 // wider than eight lanes: each column's chain is its own, so the lane count does not touch it.
 // Row i of `ahead` is brought into L2 beside value row i.
+// A chain may be cut into key ranges [i0, n): `resume` carries on from the sums in out (float32
+// stores and loads are exact, so the pieces make the one chain).
 template <class W, class KV, int HB, int VW>
-inline void weigh_values(const float* e, int64_t padded, const KV* values, const int64_t* slots, int64_t n,
-                         int64_t D, int64_t d0, int64_t h0, float* out, const RowsAhead<KV>& ahead) {
+inline void weigh_values(const float* e, int64_t padded, const KV* values, const int64_t* slots, int64_t i0,
+                         int64_t n, bool resume, int64_t D, int64_t d0, int64_t h0, float* out,
+                         const RowsAhead<KV>& ahead) {
   using reg = typename W::reg;
   constexpr int L = W::L;
   const int64_t ahead_rows = rows_ahead<KV>(D);
   reg acc[HB][VW];
   for (int h = 0; h < HB; ++h)
-    for (int c = 0; c < VW; ++c) acc[h][c] = W::zero();
-  for (int64_t i = 0; i < n; ++i) {
+    for (int c = 0; c < VW; ++c) acc[h][c] = resume ? W::load(out + (h0 + h) * D + d0 + c * L) : W::zero();
+  for (int64_t i = i0; i < n; ++i) {
     // The first column pass brings whole rows in; later passes find them in cache.
     if (d0 == 0 && i + ahead_rows < n) prefetch_row<3>(values + slots[i + ahead_rows] * D, D);
     if (i < ahead.n) prefetch_row<2>(ahead.base + ahead.slots[i] * D, D);
@@ -132,28 +135,30 @@ inline void weigh_values(const float* e, int64_t padded, const KV* values, const
 // first pass brings `ahead` in.
 template <class W, class KV, int HB, int VW>
 inline void weigh_values_all_heads(const float* e, int64_t padded, const KV* values, const int64_t* slots,
-                                   int64_t n, int64_t D, int64_t d0, int64_t group, float* out,
-                                   const RowsAhead<KV>& ahead) {
+                                   int64_t i0, int64_t n, bool resume, int64_t D, int64_t d0, int64_t group,
+                                   float* out, const RowsAhead<KV>& ahead) {
   static_assert(HB >= 1 && HB <= 3, "passes of one to three heads");
   const RowsAhead<KV> none;
   int64_t h0 = 0;
   for (; h0 + HB <= group; h0 += HB)
-    weigh_values<W, KV, HB, VW>(e, padded, values, slots, n, D, d0, h0, out, h0 == 0 ? ahead : none);
+    weigh_values<W, KV, HB, VW>(e, padded, values, slots, i0, n, resume, D, d0, h0, out, h0 == 0 ? ahead : none);
   const RowsAhead<KV>& rest = h0 == 0 ? ahead : none;
   if constexpr (HB == 3)
-    if (group - h0 == 2) weigh_values<W, KV, 2, VW>(e, padded, values, slots, n, D, d0, h0, out, rest);
+    if (group - h0 == 2) weigh_values<W, KV, 2, VW>(e, padded, values, slots, i0, n, resume, D, d0, h0, out, rest);
   if constexpr (HB >= 2)
-    if (group - h0 == 1) weigh_values<W, KV, 1, VW>(e, padded, values, slots, n, D, d0, h0, out, rest);
+    if (group - h0 == 1) weigh_values<W, KV, 1, VW>(e, padded, values, slots, i0, n, resume, D, d0, h0, out, rest);
 }
 
 // Columns d0 .. d0 + width * W::L for 1 <= width <= VW.
 template <class W, class KV, int HB, int VW>
 inline void weigh_columns(int64_t width, const float* e, int64_t padded, const KV* values, const int64_t* slots,
-                          int64_t n, int64_t D, int64_t d0, int64_t group, float* out, const RowsAhead<KV>& ahead) {
+                          int64_t i0, int64_t n, bool resume, int64_t D, int64_t d0, int64_t group, float* out,
+                          const RowsAhead<KV>& ahead) {
   if (width == VW)
-    return weigh_values_all_heads<W, KV, HB, VW>(e, padded, values, slots, n, D, d0, group, out, ahead);
+    return weigh_values_all_heads<W, KV, HB, VW>(e, padded, values, slots, i0, n, resume, D, d0, group, out,
+                                                 ahead);
   if constexpr (VW > 1)
-    weigh_columns<W, KV, HB, VW - 1>(width, e, padded, values, slots, n, D, d0, group, out, ahead);
+    weigh_columns<W, KV, HB, VW - 1>(width, e, padded, values, slots, i0, n, resume, D, d0, group, out, ahead);
 }
 
 // The cache slots of the keys a query at `pos` sees on this rank, in position order: positions
@@ -201,16 +206,119 @@ struct AttentionTiles {
   static_assert(W_::L % 8 == 0 && SH >= 1 && SH <= 3 && VH >= 1 && VH <= 3 && VV >= 1, "unsupported tiles");
 };
 
-// The slots of item = t * KVH + kv_head's keys (local_key_slots for query t); returns how many.
-inline int64_t item_key_slots(const AttentionArgs& g, int64_t item, std::vector<int64_t>& slots) {
-  const int64_t t = item / g.KVH, pos = g.positions[t];
-  const int64_t lo = g.window > 0 ? std::max<int64_t>(0, pos - g.window + 1) : 0;
-  return local_key_slots(g, g.block_tables + int64_t(g.token_seq[t]) * g.table_stride, lo, pos, slots);
+// Values in column passes of VV vectors of W, then narrower ones for what is left, over keys
+// i0 .. n - 1 (resuming the sums in out unless i0 is the first); the first pass brings `ahead` in.
+template <class Tiles, class KV>
+inline void weigh_all_columns(const float* e, int64_t padded, const KV* values, const int64_t* slots, int64_t i0,
+                              int64_t n, bool resume, int64_t D, int64_t group, float* out,
+                              const RowsAhead<KV>& ahead) {
+  using V = typename Tiles::V;
+  using W = typename Tiles::W;
+  constexpr int VH = Tiles::value_heads, VV = Tiles::value_vectors;
+  constexpr int64_t pass = VV * W::L;
+  int64_t d0 = 0;
+  for (; d0 + pass <= D; d0 += pass)
+    weigh_values_all_heads<W, KV, VH, VV>(e, padded, values, slots, i0, n, resume, D, d0, group, out,
+                                          d0 == 0 ? ahead : RowsAhead<KV>{});
+  if (D - d0 >= W::L) {
+    const int64_t width = (D - d0) / W::L;
+    weigh_columns<W, KV, VH, VV>(width, e, padded, values, slots, i0, n, resume, D, d0, group, out,
+                                 d0 == 0 ? ahead : RowsAhead<KV>{});
+    d0 += width * W::L;
+  }
+  if constexpr (W::L > V::L)
+    for (; d0 < D; d0 += V::L)
+      weigh_values_all_heads<V, KV, VH, 1>(e, padded, values, slots, i0, n, resume, D, d0, group, out,
+                                           d0 == 0 ? ahead : RowsAhead<KV>{});
+}
+
+// The slots of query t's keys (local_key_slots); returns how many.
+inline int64_t query_key_slots(const AttentionArgs& g, int64_t t, std::vector<int64_t>& slots) {
+  return local_key_slots(g, g.block_tables + int64_t(g.token_seq[t]) * g.table_stride, first_key_position(g, t),
+                         g.positions[t], slots);
+}
+
+// How many of positions lo..pos this rank holds: local_key_slots' count without the slots.
+inline int64_t local_key_count(const AttentionArgs& g, int64_t lo, int64_t pos) {
+  const int64_t I = g.interleave, C = g.dcp_size, cycle = I * C;
+  auto below = [&](int64_t x) {  // positions 0..x-1 held here
+    return x / cycle * I + std::clamp<int64_t>(x % cycle - g.dcp_rank * I, 0, I);
+  };
+  return below(pos + 1) - below(lo);
 }
 
 template <class KV>
 inline const KV* kv_head_rows(const void* cache, const AttentionArgs& g, int64_t kv_head) {
   return static_cast<const KV*>(cache) + kv_head * g.num_slots * g.D;
+}
+
+// Query t's heads of kv head `kv_head`, as float32 rows [group, D].
+template <class Q>
+inline void load_query_rows(const AttentionArgs& g, int64_t t, int64_t kv_head, int64_t group, float* q) {
+  const Q* q_in = static_cast<const Q*>(g.q) + (t * g.H + kv_head * group) * g.D;
+  for (int64_t i = 0; i < group * g.D; ++i) {
+    if constexpr (std::is_same_v<Q, float>) q[i] = q_in[i];
+    else q[i] = bf16_to_float(q_in[i]);
+  }
+}
+
+// Scores of query rows 0..rows-1 for the eight keys at `key` (positions first..first+7), SH rows a pass.
+template <class Tiles, class KV>
+inline void score_rows(const float* q, int64_t rows, const KV* const* key, int64_t D, float* scores, int64_t padded,
+                       int64_t first) {
+  constexpr int SH = Tiles::score_heads, SK = Tiles::score_keys;
+  using V = typename Tiles::V;
+  int64_t h0 = 0;
+  for (; h0 + SH <= rows; h0 += SH) score_keys<V, KV, SH, SK>(q, key, D, h0, scores, padded, first);
+  if constexpr (SH == 3)
+    if (rows - h0 == 2) score_keys<V, KV, 2, SK>(q, key, D, h0, scores, padded, first);
+  if constexpr (SH >= 2)
+    if (rows - h0 == 1) score_keys<V, KV, 1, SK>(q, key, D, h0, scores, padded, first);
+}
+
+// s[0..7] = score * scale for the lanes up to the query's last key (n keys, this group's first at
+// `first`), -inf past it.
+template <class V>
+DPGATE_INLINE void scale_and_mask(float* s, int64_t n, int64_t first, typename V::reg lane_offsets,
+                                  typename V::reg scale) {
+  // remaining[l] = n - 1 - (first + l): negative for lanes past the query.
+  const typename V::reg remaining = V::sub(V::set1(float(n - 1 - first)), lane_offsets);
+  V::store(s, V::replace_below(remaining, 0.0f, -std::numeric_limits<float>::infinity(), V::mul(V::load(s), scale)));
+}
+
+template <class V>
+DPGATE_INLINE typename V::reg lane_offsets() {
+  float offsets[V::L];
+  for (int l = 0; l < V::L; ++l) offsets[l] = float(l);
+  return V::load(offsets);
+}
+
+// One row's softmax numerators in place (e_j = exp(score_j - m)) over its padded keys; returns their
+// sum s and sets max to m.
+template <class V>
+inline float softmax_row(float* e, int64_t padded, float& max) {
+  using reg = typename V::reg;
+  constexpr int L = V::L;
+  reg running = V::set1(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < padded; i += L) running = V::max(running, V::load(e + i));
+  max = V::hmax(running);
+  const reg m = V::set1(max);
+  reg total = V::zero();
+  for (int64_t i = 0; i < padded; i += L) {
+    const reg w = exp<V>(V::sub(V::load(e + i), m));
+    V::store(e + i, w);
+    total = V::add(total, w);
+  }
+  return V::hsum(total);
+}
+
+// result rows = out rows / their sums, for `rows` rows of D.
+template <class V, class Q>
+inline void divide_rows(const float* out, const float* sums, int64_t rows, int64_t D, Q* result) {
+  for (int64_t h = 0; h < rows; ++h) {
+    const typename V::reg sum = V::set1(sums[h]);
+    for (int64_t i = h * D; i < (h + 1) * D; i += V::L) V::store(result + i, V::div(V::load(out + i), sum));
+  }
 }
 
 // Query t's heads of kv head `kv_head` over its n keys at `slots`; `next_keys` are brought into L2
@@ -220,18 +328,14 @@ template <class Tiles, class Q, class KV>
 inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, const int64_t* slots, int64_t n,
                             std::vector<float>& scratch, const RowsAhead<KV>& next_keys, int64_t keys_in_l2) {
   using V = typename Tiles::V;
-  using W = typename Tiles::W;
-  using reg = typename V::reg;
-  constexpr int L = V::L, SH = Tiles::score_heads, SK = Tiles::score_keys;
-  constexpr int VH = Tiles::value_heads, VV = Tiles::value_vectors;
+  constexpr int L = V::L;
   const int64_t D = g.D, group = g.H / g.KVH;
   const int64_t padded = (n + L - 1) / L * L;
-  const float neg_inf = -std::numeric_limits<float>::infinity();
   Q* result = static_cast<Q*>(g.out) + (t * g.H + kv_head * group) * D;
   if (n == 0) {  // an empty shard: LSE -inf and zeros, which the combine skips
     for (int64_t i = 0; i < group * D; ++i) result[i] = Q(0);
     if (g.lse != nullptr)
-      for (int64_t h = 0; h < group; ++h) g.lse[t * g.H + kv_head * group + h] = neg_inf;
+      for (int64_t h = 0; h < group; ++h) g.lse[t * g.H + kv_head * group + h] = -std::numeric_limits<float>::infinity();
     return;
   }
   const KV* keys = kv_head_rows<KV>(g.key_cache, g, kv_head);
@@ -243,21 +347,11 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
   float* scores = q + group * D;          // [group, padded]: scores, then their exponentials
   float* sums = scores + group * padded;  // [group]
   float* out = sums + group;              // [group, D] float32: the value sums, undivided
-  const Q* q_in = static_cast<const Q*>(g.q) + (t * g.H + kv_head * group) * D;
-  for (int64_t i = 0; i < group * D; ++i) {
-    if constexpr (std::is_same_v<Q, float>) q[i] = q_in[i];
-    else q[i] = bf16_to_float(q_in[i]);
-  }
+  load_query_rows<Q>(g, t, kv_head, group, q);
 
   // Scores, eight keys at a time: hsum(...) * scale; lanes past the query's position become -inf
   // (whatever key they read: the last one stands in, so no lane reads outside the cache).
-  reg lane_offsets;
-  {
-    float offsets[L];
-    for (int l = 0; l < L; ++l) offsets[l] = float(l);
-    lane_offsets = V::load(offsets);
-  }
-  const reg scale = V::set1(g.scale);
+  const typename V::reg offsets = lane_offsets<V>(), scale = V::set1(g.scale);
   for (int64_t first = 0; first < padded; first += L) {
     const int64_t last = std::min(n, first + L);
     for (int64_t i = first + ahead_rows; i < std::min(n, last + ahead_rows); ++i)
@@ -267,57 +361,94 @@ inline void attention_query(const AttentionArgs& g, int64_t t, int64_t kv_head, 
     for (int64_t i = first; i < last; ++i) prefetch_row<2>(values + slots[i] * D, D);
     const KV* key[L];
     for (int l = 0; l < L; ++l) key[l] = keys + slots[std::min(first + l, n - 1)] * D;
-    int64_t h0 = 0;
-    for (; h0 + SH <= group; h0 += SH) score_keys<V, KV, SH, SK>(q, key, D, h0, scores, padded, first);
-    if constexpr (SH == 3)
-      if (group - h0 == 2) score_keys<V, KV, 2, SK>(q, key, D, h0, scores, padded, first);
-    if constexpr (SH >= 2)
-      if (group - h0 == 1) score_keys<V, KV, 1, SK>(q, key, D, h0, scores, padded, first);
-    // remaining[l] = n - 1 - (first + l): negative for lanes past the query.
-    const reg remaining = V::sub(V::set1(float(n - 1 - first)), lane_offsets);
-    for (int64_t h = 0; h < group; ++h) {
-      float* s = scores + h * padded + first;
-      V::store(s, V::replace_below(remaining, 0.0f, neg_inf, V::mul(V::load(s), scale)));
-    }
+    score_rows<Tiles, KV>(q, group, key, D, scores, padded, first);
+    for (int64_t h = 0; h < group; ++h) scale_and_mask<V>(scores + h * padded + first, n, first, offsets, scale);
   }
   for (int64_t i = 0; i < std::min(n, ahead_rows); ++i) prefetch_row<3>(values + slots[i] * D, D);
 
   for (int64_t h = 0; h < group; ++h) {
-    float* e = scores + h * padded;
-    reg running = V::set1(neg_inf);
-    for (int64_t i = 0; i < padded; i += L) running = V::max(running, V::load(e + i));
-    const reg m = V::set1(V::hmax(running));
-    reg total = V::zero();
-    for (int64_t i = 0; i < padded; i += L) {
-      const reg w = exp<V>(V::sub(V::load(e + i), m));
-      V::store(e + i, w);
-      total = V::add(total, w);
-    }
-    sums[h] = V::hsum(total);
-    if (g.lse != nullptr) g.lse[t * g.H + kv_head * group + h] = V::hmax(running) + std::log(sums[h]);
+    float max;
+    sums[h] = softmax_row<V>(scores + h * padded, padded, max);
+    if (g.lse != nullptr) g.lse[t * g.H + kv_head * group + h] = max + std::log(sums[h]);
   }
+  weigh_all_columns<Tiles, KV>(scores, padded, values, slots, 0, n, false, D, group, out, next_keys);
+  divide_rows<V, Q>(out, sums, group, D, result);
+}
 
-  // Values in column passes of VV vectors of W, then narrower ones for what is left; the first
-  // pass brings the next item's keys in.
-  constexpr int64_t pass = VV * W::L;
-  int64_t d0 = 0;
-  for (; d0 + pass <= D; d0 += pass)
-    weigh_values_all_heads<W, KV, VH, VV>(scores, padded, values, slots, n, D, d0, group, out,
-                                          d0 == 0 ? next_keys : RowsAhead<KV>{});
-  if (D - d0 >= W::L) {
-    const int64_t width = (D - d0) / W::L;
-    weigh_columns<W, KV, VH, VV>(width, scores, padded, values, slots, n, D, d0, group, out,
-                                 d0 == 0 ? next_keys : RowsAhead<KV>{});
-    d0 += width * W::L;
+// Keys read per block of the tile's value pass: a block's value rows stay in L1 (16 KB of them)
+// while every query of the tile weighs them.
+template <class KV>
+constexpr int64_t tile_key_block(int64_t D) {
+  return std::max<int64_t>(8, 16384 / (D * int64_t(sizeof(KV))));
+}
+
+// Queries t0 .. t0 + qn - 1 (one tile: one sequence, consecutive positions, the same first key, so
+// each one's keys are the first n_i of the last one's) and kv head `kv_head`, computed together:
+// every key is read once for all of them while its scores are taken (eight at a time, for every
+// query's heads), and every value row once per block of keys that all the queries weigh. Each
+// query's every chain is attention_query's: the same scores, the same softmax over its own padded
+// keys, the value sums over its own keys 0..n_i-1 in order (cut at the blocks and resumed), so a
+// query's output does not depend on its tile. `slots` is scratch for the last query's keys.
+template <class Tiles, class Q, class KV>
+inline void attention_tile(const AttentionArgs& g, int64_t t0, int64_t qn, int64_t kv_head,
+                           std::vector<int64_t>& slots, std::vector<float>& scratch) {
+  using V = typename Tiles::V;
+  constexpr int L = V::L;
+  const int64_t D = g.D, group = g.H / g.KVH, rows = qn * group;
+  const int64_t num = query_key_slots(g, t0 + qn - 1, slots);
+  const int64_t lo = first_key_position(g, t0);
+  int64_t n[kQueryTile];
+  for (int64_t i = 0; i < qn; ++i) n[i] = local_key_count(g, lo, g.positions[t0 + i]);
+  if (n[0] == 0) {  // a query with no keys here (decode context parallelism): one at a time
+    for (int64_t i = 0; i < qn; ++i)
+      attention_query<Tiles, Q, KV>(g, t0 + i, kv_head, slots.data(), n[i], scratch, RowsAhead<KV>{}, 0);
+    return;
   }
-  if constexpr (W::L > L)
-    for (; d0 < D; d0 += L)
-      weigh_values_all_heads<V, KV, VH, 1>(scores, padded, values, slots, n, D, d0, group, out,
-                                           d0 == 0 ? next_keys : RowsAhead<KV>{});
-  for (int64_t h = 0; h < group; ++h) {
-    const reg sum = V::set1(sums[h]);
-    for (int64_t i = h * D; i < (h + 1) * D; i += L) V::store(result + i, V::div(V::load(out + i), sum));
+  const KV* keys = kv_head_rows<KV>(g.key_cache, g, kv_head);
+  const KV* values = kv_head_rows<KV>(g.value_cache, g, kv_head);
+  const int64_t padded = (num + L - 1) / L * L, ahead_rows = rows_ahead<KV>(D);
+  scratch.resize(rows * (2 * D + padded + 1));
+  float* q = scratch.data();             // [rows, D]: query i's heads at rows i * group ..
+  float* scores = q + rows * D;          // [rows, padded]
+  float* sums = scores + rows * padded;  // [rows]
+  float* out = sums + rows;              // [rows, D]
+  for (int64_t i = 0; i < qn; ++i) load_query_rows<Q>(g, t0 + i, kv_head, group, q + i * group * D);
+
+  const typename V::reg offsets = lane_offsets<V>(), scale = V::set1(g.scale);
+  for (int64_t first = 0; first < padded; first += L) {
+    const int64_t last = std::min(num, first + L);
+    for (int64_t i = first + ahead_rows; i < std::min(num, last + ahead_rows); ++i)
+      prefetch_row<3>(keys + slots[i] * D, D);
+    const KV* key[L];
+    for (int l = 0; l < L; ++l) key[l] = keys + slots[std::min(first + l, num - 1)] * D;
+    // Only the queries that see a key of this group (n_i > first) score it.
+    int64_t i_first = 0;
+    while (n[i_first] <= first) ++i_first;
+    score_rows<Tiles, KV>(q + i_first * group * D, rows - i_first * group, key, D,
+                          scores + i_first * group * padded, padded, first);
+    for (int64_t i = i_first; i < qn; ++i)
+      for (int64_t h = 0; h < group; ++h)
+        scale_and_mask<V>(scores + (i * group + h) * padded + first, n[i], first, offsets, scale);
   }
+  for (int64_t i = 0; i < qn; ++i) {
+    const int64_t own_padded = (n[i] + L - 1) / L * L;
+    for (int64_t h = 0; h < group; ++h) {
+      const int64_t r = i * group + h;
+      float max;
+      sums[r] = softmax_row<V>(scores + r * padded, own_padded, max);
+      if (g.lse != nullptr) g.lse[(t0 + i) * g.H + kv_head * group + h] = max + std::log(sums[r]);
+    }
+  }
+  const int64_t block = tile_key_block<KV>(D);
+  for (int64_t k0 = 0; k0 < num; k0 += block)
+    for (int64_t i = 0; i < qn; ++i)
+      if (n[i] > k0)
+        weigh_all_columns<Tiles, KV>(scores + i * group * padded, padded, values, slots.data(), k0,
+                                     std::min(n[i], k0 + block), k0 > 0, D, group, out + i * group * D,
+                                     RowsAhead<KV>{});
+  for (int64_t i = 0; i < qn; ++i)
+    divide_rows<V, Q>(out + i * group * D, sums + i * group, group, D,
+                      static_cast<Q*>(g.out) + ((t0 + i) * g.H + kv_head * group) * D);
 }
 
 // Per thread and reused across calls, so a warm call allocates nothing.
@@ -326,27 +457,41 @@ struct AttentionScratch {
   std::vector<int64_t> slots, next_slots;
 };
 
-// Items are (query, kv head) pairs, item = t * KVH + kv_head; this call takes item_begin,
-// item_begin + item_step, ... below item_end (a strided share balances long and short queries).
+// Items are (query tile, kv head) pairs, item = tile * KVH + kv_head (AttentionArgs::tile_starts);
+// this call takes item_begin, item_begin + item_step, ... below item_end (a strided share balances
+// long and short queries). A tile of one query (a decode) brings the next such item's keys in.
 template <class Tiles, class Q, class KV>
 inline void attention_items(const AttentionArgs& g, int64_t item_begin, int64_t item_end, int64_t item_step) {
   thread_local AttentionScratch scratch;
-  if (item_begin >= item_end) return;
-  int64_t n = item_key_slots(g, item_begin, scratch.slots), keys_in_l2 = 0;
-  for (int64_t i = 0; i < std::min(n, 4 * rows_ahead<KV>(g.D)); ++i)
-    prefetch_row<2>(kv_head_rows<KV>(g.key_cache, g, item_begin % g.KVH) + scratch.slots[i] * g.D, g.D);
+  auto single_query = [&](int64_t item) {  // the item's query when its tile holds one, else -1
+    const int64_t tile = item / g.KVH, t = g.tile_starts[tile];
+    return g.tile_starts[tile + 1] - t == 1 ? t : -1;
+  };
+  int64_t n = -1, keys_in_l2 = 0;  // n >= 0: scratch.slots holds this item's keys
   for (int64_t item = item_begin; item < item_end; item += item_step) {
-    const int64_t next = item + item_step;
+    const int64_t kv_head = item % g.KVH, t = single_query(item);
+    if (t < 0) {
+      const int64_t tile = item / g.KVH, t0 = g.tile_starts[tile];
+      attention_tile<Tiles, Q, KV>(g, t0, g.tile_starts[tile + 1] - t0, kv_head, scratch.slots, scratch.floats);
+      n = -1;
+      continue;
+    }
+    if (n < 0) {
+      n = query_key_slots(g, t, scratch.slots);
+      keys_in_l2 = 0;
+      for (int64_t i = 0; i < std::min(n, 4 * rows_ahead<KV>(g.D)); ++i)
+        prefetch_row<2>(kv_head_rows<KV>(g.key_cache, g, kv_head) + scratch.slots[i] * g.D, g.D);
+    }
+    const int64_t next = item + item_step, next_t = next < item_end ? single_query(next) : -1;
     RowsAhead<KV> next_keys;
-    int64_t next_n = 0;
-    if (next < item_end) {
-      next_n = item_key_slots(g, next, scratch.next_slots);
+    int64_t next_n = -1;
+    if (next_t >= 0) {
+      next_n = query_key_slots(g, next_t, scratch.next_slots);
       next_keys = {kv_head_rows<KV>(g.key_cache, g, next % g.KVH), scratch.next_slots.data(), next_n};
     }
-    attention_query<Tiles, Q, KV>(g, item / g.KVH, item % g.KVH, scratch.slots.data(), n, scratch.floats,
-                                  next_keys, keys_in_l2);
+    attention_query<Tiles, Q, KV>(g, t, kv_head, scratch.slots.data(), n, scratch.floats, next_keys, keys_in_l2);
     std::swap(scratch.slots, scratch.next_slots);
-    keys_in_l2 = std::min(n, next_n);  // the value pass brought that many of the next keys in
+    keys_in_l2 = next_n >= 0 ? std::min(n, next_n) : 0;  // the value pass brought that many of the next keys in
     n = next_n;
   }
 }

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <vector>
 
 namespace dpgate {
 
@@ -118,9 +119,26 @@ void launch_quant_linear(Isa isa, const QuantLinearArgs& args) {
   });
 }
 
-void launch_attention(Isa isa, const AttentionArgs& args) {
-  const int64_t items = args.T * args.KVH;
-  if (items == 0) return;
+// Tiles of attention.h's query tiles: a new one starts where the sequence changes, a position does
+// not follow the one before, the first key moves (a sliding window past its start) or the tile is full.
+static std::vector<int64_t> query_tile_starts(const AttentionArgs& g) {
+  std::vector<int64_t> starts;
+  for (int64_t t = 0; t < g.T; ++t) {
+    if (t == 0 || t - starts.back() == kQueryTile || g.token_seq[t] != g.token_seq[t - 1] ||
+        g.positions[t] != g.positions[t - 1] + 1 || first_key_position(g, t) != first_key_position(g, t - 1))
+      starts.push_back(t);
+  }
+  starts.push_back(g.T);
+  return starts;
+}
+
+void launch_attention(Isa isa, const AttentionArgs& query_args) {
+  if (query_args.T == 0) return;
+  const std::vector<int64_t> starts = query_tile_starts(query_args);
+  AttentionArgs args = query_args;
+  args.tile_starts = starts.data();
+  args.num_tiles = int64_t(starts.size()) - 1;
+  const int64_t items = args.num_tiles * args.KVH;
   const int64_t shares = std::min<int64_t>(items, at::get_num_threads());
   at::parallel_for(0, shares, 1, [&](int64_t begin, int64_t end) {
     for (int64_t share = begin; share < end; ++share) {

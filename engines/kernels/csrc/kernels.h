@@ -6,6 +6,7 @@
 // the work was split or on the other rows: see the rule stated in each kernel's header.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace dpgate {
@@ -14,6 +15,8 @@ enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kInt8 = 2 };
 
 // Weights are packed in panels of 16 output columns: packed[n / 16][k][n % 16], zero padded.
 constexpr int64_t kPanelWidth = 16;
+// Queries of one sequence computed together by attention (at most this many a tile).
+constexpr int64_t kQueryTile = 8;
 
 struct LinearArgs {
   const float* a;         // [M, K] float32 activations, row stride lda
@@ -85,7 +88,17 @@ struct AttentionArgs {
   // dcp_rank; block tables then count logical blocks of block_size * dcp_size positions.
   int64_t dcp_size, dcp_rank, interleave;
   float* lse;  // [T, H] natural-log LSE of each query's scores, or nullptr
+  // Set by launch_attention: queries tile_starts[i] .. tile_starts[i + 1] - 1 form tile i, a run of
+  // one sequence's queries at consecutive positions from the same first key, which attention.h
+  // computes together so that each key and value read serves all of them.
+  const int64_t* tile_starts = nullptr;
+  int64_t num_tiles = 0;
 };
+
+// The first key position query t sees (its sliding window's start, or 0).
+inline int64_t first_key_position(const AttentionArgs& g, int64_t t) {
+  return g.window > 0 ? std::max<int64_t>(0, g.positions[t] - g.window + 1) : 0;
+}
 
 // Combines C ranks' partial attention (dcp.h): out = sum_n w_n o_n, w_n = exp(lse_n - M) / S.
 struct CombineArgs {

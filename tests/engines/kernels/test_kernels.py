@@ -212,11 +212,11 @@ def test_attention_matches_torch_sdpa():
         assert torch.allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 
-def random_attention_case(case: int) -> dict:
+def random_attention_case(case: int, chunks: tuple[int, ...] = (1, 1, 9)) -> dict:
     """A random paged-attention call: head sizes whose column passes leave every kind of remainder
     (8 .. 256), 1..5 query heads per kv head, float32 or bfloat16 queries and caches, windows, and
-    decode-context-parallel shards with their LSE; each sequence has a decode or a prompt chunk.
-    Slots no query may read hold NaN."""
+    decode-context-parallel shards with their LSE; each sequence has a decode or a prompt chunk
+    (its last `chunk` tokens, a chunk picked from `chunks`). Slots no query may read hold NaN."""
     generator = torch.Generator().manual_seed(100 + case)
 
     def pick(options):
@@ -242,7 +242,7 @@ def random_attention_case(case: int) -> dict:
                 slot = table[p // logical] * block_size + (offset // (interleave * dcp_size)) * interleave
                 keys[:, slot + offset % interleave] = torch.randn(kv_heads, head_dim, generator=generator) * 2
                 values[:, slot + offset % interleave] = torch.randn(kv_heads, head_dim, generator=generator)
-        chunk = pick([1, 1, min(length, 9)])
+        chunk = min(length, pick(list(chunks)))
         token_seq += [seq] * chunk
         positions += range(length - chunk, length)
     q = torch.randn(len(positions), kv_heads * group, head_dim, generator=generator) * 1.5
@@ -271,3 +271,23 @@ def test_attention_gives_the_reference_bits_on_every_shape_and_instruction_set(i
         (out, lse), (expected, expected_lse) = run(isa), run("scalar")
         assert not out.isnan().any(), f"case {case} read a slot it may not see"
         assert torch.equal(out, expected) and torch.equal(lse, expected_lse), f"case {case} differs from scalar"
+
+
+@pytest.mark.parametrize("isa", FAST_ISAS)
+def test_a_query_attends_the_same_in_a_tile_of_its_prompt_as_alone(isa):
+    """Up to eight consecutive queries of a prompt chunk are computed together, each key and value
+    read once for all of them, with the block of keys cut and resumed in the value sums: every
+    query's output and LSE are still the bits of its own call alone (a decode), whatever the chunk
+    length (tiles of 8 and a remainder), head size, group, dtypes, sliding window (a tile ends where
+    the window starts to move) or decode-context-parallel shard (a query with no keys here)."""
+    for case in range(40):
+        call = random_attention_case(case, chunks=(2, 8, 9, 17, 40, 200))
+        call["value_cache"] = call.pop("values").to(call["key_cache"].dtype)
+        out, lse = kernels.attention_shard(**call, isa=isa)
+        assert not out.isnan().any(), f"case {case} read a slot it may not see"
+        for t in range(len(call["positions"])):
+            alone = dict(call, q=call["q"][t : t + 1], token_seq=call["token_seq"][t : t + 1],
+                         positions=call["positions"][t : t + 1])  # fmt: skip
+            out_alone, lse_alone = kernels.attention_shard(**alone, isa=isa)
+            assert torch.equal(out[t : t + 1], out_alone), f"case {case}: query {t} differs from its call alone"
+            assert torch.equal(lse[t : t + 1], lse_alone), f"case {case}: query {t}'s LSE differs from alone"
