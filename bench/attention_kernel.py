@@ -16,8 +16,13 @@ shared, and wall time would mostly measure the other work. `--library` loads ano
 the kernel library (e.g. one built from main) so an A/B runs in two processes on one machine;
 each run also checks its outputs against the scalar reference bit for bit.
 
+`--chunk N` makes each sequence's step a prompt chunk instead of a decode: its last N tokens are
+the queries (each sees the keys up to its own position), as when a new turn is prefilled after a
+cached history (`--context 1400 1600`). The kernel computes up to eight consecutive queries of a
+sequence together (one read of each key and value for all); sdpa gets the same causal rows.
+
     python bench/attention_kernel.py [--batch 1 16] [--model smollm2|gemma] [--isa avx2 avx512]
-        [--layout scattered|contiguous] [--threads 1] [--library PATH]
+        [--layout scattered|contiguous] [--threads 1] [--chunk 1] [--context 256 384] [--library PATH]
 """
 
 from __future__ import annotations
@@ -39,14 +44,16 @@ CONTEXT = (256, 384)
 
 class DecodeStep:
     """`batch` sequences' caches for `layers` layers in blocks of 16 slots (in random order over the cache, or
-    each sequence's in a row), and one decode query per sequence."""
+    each sequence's in a row), and the queries of each sequence's last `chunk` tokens (1: a decode)."""
 
     def __init__(
-        self, batch: int, heads: int, kv_heads: int, dim: int, layers: int, scattered: bool = True, seed: int = 0
-    ):
+        self, batch: int, heads: int, kv_heads: int, dim: int, layers: int, scattered: bool = True, seed: int = 0,
+        chunk: int = 1, context: tuple[int, int] = CONTEXT,
+    ):  # fmt: skip
         generator = torch.Generator().manual_seed(seed)
-        self.lengths = torch.randint(CONTEXT[0], CONTEXT[1] + 1, (batch,), generator=generator).tolist()
-        blocks_per_seq = -(-CONTEXT[1] // BLOCK_SIZE)
+        self.lengths = torch.randint(context[0], context[1] + 1, (batch,), generator=generator).tolist()
+        self.chunk = chunk
+        blocks_per_seq = -(-context[1] // BLOCK_SIZE)
         num_blocks = batch * blocks_per_seq + 8
         order = torch.randperm(num_blocks, generator=generator) if scattered else torch.arange(num_blocks)
         self.block_tables = order[: batch * blocks_per_seq].reshape(batch, blocks_per_seq).to(torch.int32)
@@ -54,9 +61,9 @@ class DecodeStep:
         self.key_caches = [torch.randn(kv_heads, slots, dim, generator=generator) for _ in range(layers)]
         self.value_caches = [torch.randn(kv_heads, slots, dim, generator=generator) for _ in range(layers)]
         self.layer = 0
-        self.q = torch.randn(batch, heads, dim, generator=generator)
-        self.token_seq = torch.arange(batch, dtype=torch.int32)
-        self.positions = torch.tensor([n - 1 for n in self.lengths], dtype=torch.long)
+        self.q = torch.randn(batch * chunk, heads, dim, generator=generator)
+        self.token_seq = torch.arange(batch, dtype=torch.int32).repeat_interleave(chunk)
+        self.positions = torch.tensor([p for n in self.lengths for p in range(n - chunk, n)], dtype=torch.long)
         self.scale = dim**-0.5
         self._dense_inputs()
 
@@ -68,7 +75,8 @@ class DecodeStep:
         slots = table[:, positions // BLOCK_SIZE] * BLOCK_SIZE + positions % BLOCK_SIZE  # [batch, longest]
         self.dense_keys = [cache[:, slots].transpose(0, 1).contiguous() for cache in self.key_caches]
         self.dense_values = [cache[:, slots].transpose(0, 1).contiguous() for cache in self.value_caches]
-        self.mask = (positions[None, :] < torch.tensor(self.lengths)[:, None])[:, None, None, :]
+        query_positions = self.positions.view(len(self.lengths), 1, self.chunk, 1)
+        self.mask = positions[None, None, None, :] <= query_positions  # [batch, 1, chunk, longest]
 
     def next_layer(self) -> int:
         self.layer = (self.layer + 1) % len(self.key_caches)
@@ -81,11 +89,13 @@ class DecodeStep:
         )  # fmt: skip
 
     def sdpa(self, layer: int = 0) -> torch.Tensor:
+        batch, heads, dim = len(self.lengths), self.q.shape[1], self.q.shape[2]
+        q = self.q.view(batch, self.chunk, heads, dim).transpose(1, 2)
         out = F.scaled_dot_product_attention(
-            self.q[:, :, None], self.dense_keys[layer], self.dense_values[layer], attn_mask=self.mask,
-            scale=self.scale, enable_gqa=True,
+            q, self.dense_keys[layer], self.dense_values[layer], attn_mask=self.mask, scale=self.scale,
+            enable_gqa=True,
         )  # fmt: skip
-        return out[:, :, 0]
+        return out.transpose(1, 2).reshape(batch * self.chunk, heads, dim)
 
 
 def cpu_us_per_call(fn, seconds: float, repeat: int) -> float:
@@ -115,10 +125,15 @@ def main() -> None:
         "--layout", choices=["scattered", "contiguous"], default="scattered",
         help="blocks in random order over the cache (a long-running server's) or each sequence's in a row",
     )  # fmt: skip
+    parser.add_argument("--chunk", type=int, default=1, help="queries per sequence: its last N tokens (1: decode)")
+    parser.add_argument("--context", type=int, nargs=2, default=list(CONTEXT), metavar=("LO", "HI"),
+                        help="each sequence's length is drawn from LO..HI")  # fmt: skip
     parser.add_argument("--library", help="a built libdpgate_kernels.so to load instead of this checkout's")
     args = parser.parse_args()
-    if min(args.threads, args.layers, args.repeat, *args.batch) < 1 or args.seconds <= 0:
-        parser.error("--threads, --layers, --seconds, --repeat and --batch must be positive")
+    if min(args.threads, args.layers, args.repeat, args.chunk, *args.batch) < 1 or args.seconds <= 0:
+        parser.error("--threads, --layers, --seconds, --repeat, --chunk and --batch must be positive")
+    if not args.chunk <= args.context[0] <= args.context[1]:
+        parser.error("--context LO HI needs --chunk <= LO <= HI")
     torch.set_num_threads(args.threads)
     if args.library:
         torch.ops.load_library(args.library)
@@ -128,12 +143,14 @@ def main() -> None:
         parser.error(f"--isa must be among this CPU's {kernels.supported_isas()}")
     heads, kv_heads, dim = MODELS[args.model]
     print(
-        f"{args.model}: {heads} heads, {kv_heads} kv heads, dim {dim}, contexts {CONTEXT[0]}..{CONTEXT[1]}, "
+        f"{args.model}: {heads} heads, {kv_heads} kv heads, dim {dim}, contexts {args.context[0]}..{args.context[1]}, "
+        f"{'decode' if args.chunk == 1 else f'prompt chunks of {args.chunk}'}, "
         f"{args.layout} blocks, {args.layers} layers, {args.threads} thread(s); us per call (thread CPU time), "
         "ratio = sdpa / kernel"
     )
     for batch in args.batch:
-        step = DecodeStep(batch, heads, kv_heads, dim, args.layers, scattered=args.layout == "scattered")
+        step = DecodeStep(batch, heads, kv_heads, dim, args.layers, scattered=args.layout == "scattered",
+                          chunk=args.chunk, context=tuple(args.context))  # fmt: skip
         print(time_step(step, batch, isas, args.seconds, args.repeat), flush=True)
 
 
