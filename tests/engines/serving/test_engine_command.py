@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -15,6 +16,13 @@ pytestmark = pytest.mark.e2e  # every test here starts a process
 
 def run_engine(*flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(dpgate_command("engine", *flags), capture_output=True, text=True, timeout=60)
+
+
+def run_engines(flag_lists: list[list[str]]) -> list[subprocess.CompletedProcess]:
+    """run_engine for each list of flags, four processes at a time: most of each one's time is
+    importing, and the cases are independent."""
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(lambda flags: run_engine(*flags), flag_lists))
 
 
 def bad_flag_cases(tmp_path):
@@ -84,8 +92,8 @@ def model_bad_flag_cases(model_dir):
 
 
 def test_every_bad_flag_exits_2_with_one_sentence(tmp_path):
-    for flags, message in bad_flag_cases(tmp_path):
-        result = run_engine(*flags)
+    cases = bad_flag_cases(tmp_path)
+    for (flags, message), result in zip(cases, run_engines([flags for flags, _ in cases]), strict=True):
         assert result.returncode == 2, (flags, result.stderr)
         assert message in result.stderr, (flags, result.stderr)
         assert "Traceback" not in result.stderr
@@ -93,8 +101,9 @@ def test_every_bad_flag_exits_2_with_one_sentence(tmp_path):
 
 
 def test_parallel_flags_the_model_cannot_take_exit_2_with_one_sentence(tiny_model_dir):
-    for flags, message in model_bad_flag_cases(tiny_model_dir):
-        result = run_engine("--port", str(free_port()), *flags)
+    cases = model_bad_flag_cases(tiny_model_dir)
+    results = run_engines([["--port", str(free_port()), *flags] for flags, _ in cases])
+    for (flags, message), result in zip(cases, results, strict=True):
         assert result.returncode == 2, (flags, result.stderr)
         assert message in result.stderr, (flags, result.stderr)
         assert "Traceback" not in result.stderr
