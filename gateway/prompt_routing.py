@@ -7,15 +7,19 @@ so this parses it here. Generate text is tokenized with the engine's own tokeniz
 added); Chat messages are rendered by the engine's own renderer (dpgate/chat/: its template,
 special tokens, markers, tools and thinking rule) and encoded without adding special tokens, as
 the engine does. The blocks are hashed with the engine's documented function (gateway/routing/
-block_hashes.py), with the call's tenant and cache_salt, on a worker thread: 1-2 ms for a
-1,000-token prompt here (encoding most of it, hashing 0.08 ms), which must not stall the event
-loop; bench/cache_aware_path.py measures the whole path against the relay path.
+block_hashes.py), with the call's tenant and cache_salt. Encoding a 1,000-token text whole takes
+1-2 ms, which must not stall the event loop: that (and rendering Chat) runs on a worker thread.
+A text whose pieces are all in the tokenizers' cache (a shared system prompt or history: gateway/
+prompt_tokenizers.py), or a prompt of token ids, needs only the hashing (0.05 ms for 1,000 tokens),
+cheaper than the hop to a thread and back: up to `INLINE_MAX_TOKENS` it runs here on the loop.
+bench/cache_aware_path.py measures the whole path against the relay path.
 A Chat call the renderer refuses (the engine will refuse it too, naming the field) is routed by load.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
@@ -36,6 +40,10 @@ _MESSAGES = {
     "ChatStream": generate_pb2.ChatStreamRequest,
 }
 _CHAT = frozenset({"Chat", "ChatStream"})
+# Past this many tokens even hashing alone (~0.05 ms per 1,000) goes to a worker thread, and so
+# does a text past this many chars (looking its pieces up costs ~1 us per 256 chars).
+INLINE_MAX_TOKENS = 8192
+INLINE_MAX_CHARS = 32768
 
 
 @dataclass(slots=True, frozen=True)
@@ -97,10 +105,14 @@ class PromptRouter:
             if not groups:
                 return None
             prompt = _Prompt(text=message.text) if kind == "text" else _Prompt(ids=list(message.token_ids.ids))
+        encoded = self._known_ids(groups, prompt)
         try:
-            num_tokens, chains = await asyncio.to_thread(
-                _chains, self.tokenizers, groups, prompt, tenant, message.cache_salt
-            )
+            if encoded is None:
+                num_tokens, chains = await asyncio.to_thread(
+                    _chains, self.tokenizers, groups, prompt, tenant, message.cache_salt, {}
+                )
+            else:
+                num_tokens, chains = _chains(self.tokenizers, groups, prompt, tenant, message.cache_salt, encoded)
         except (InvalidRequestError, RecursionError):  # the engine refuses it too (naming the field): route by load
             return None
         # The lookups run here on the loop, where the index is edited, never on the worker thread.
@@ -116,6 +128,22 @@ class PromptRouter:
                 cached[address] = found.get(address, 0) * group.block_size
                 matched[address] = max(found.get(address, 0), opening.get(address, 0)) * group.block_size
         return PromptBlocks(num_tokens, matched, cached, chains_by_address)
+
+    def _known_ids(self, groups: list[_HashGroup], prompt: _Prompt) -> dict[str, Sequence[int]] | None:
+        """Each group's ids when they are at hand without blocking and short enough to hash here;
+        None sends the work to a worker thread."""
+        if prompt.ids is not None:
+            return {} if len(prompt.ids) <= INLINE_MAX_TOKENS else None
+        if prompt.text is None or len(prompt.text) > INLINE_MAX_CHARS:
+            return None  # Chat: the template is rendered on a worker thread
+        encoded: dict[str, Sequence[int]] = {}
+        for group in groups:
+            if group.fingerprint not in encoded:
+                ids = self.tokenizers.cached_encode(group.fingerprint, prompt.text)
+                if ids is None or len(ids) > INLINE_MAX_TOKENS:
+                    return None
+                encoded[group.fingerprint] = ids
+        return encoded
 
     def opened(self, address: str, prompt: PromptBlocks) -> None:
         """A call with this prompt now runs on `address`: its prefix counts there until it ends."""
@@ -144,12 +172,13 @@ def _chains(
     prompt: _Prompt,
     tenant: str,
     salt: str,
+    encoded: dict[str, Sequence[int]],
 ) -> tuple[int, list[list[int]]]:
-    """The prompt's length and its block chain for each group: tokenized once per tokenizer.
-    Blocking (Jinja, Rust tokenizer, SHA-256 per block): runs on a worker thread."""
+    """The prompt's length and its block chain for each group: tokenized once per tokenizer
+    (`encoded` holds the ids already known, by fingerprint, and gains the rest). Blocking when
+    it encodes (Jinja, Rust tokenizer): then it runs on a worker thread; SHA-256 per block."""
     chains: list[list[int]] = []
     num_tokens = 0
-    encoded: dict[str, list[int]] = {}
     for group in groups:
         tokens = prompt.ids if prompt.ids is not None else encoded.get(group.fingerprint)
         if tokens is None:

@@ -5,6 +5,12 @@ one that differs). Building one from JSON and encoding text are CPU work in Rust
 the event loop for milliseconds, so both run on worker threads; the gateway never loads model
 files, torch or transformers.
 
+Encoding goes piece by piece where the tokenizer provably allows it (gateway/token_chunks.py:
+GPT-2-style byte-level BPE such as SmolLM2's), through a cache of the pieces' ids (gateway/
+piece_ids_cache.py), so a prefix that prompts share (a system prompt, a conversation's history)
+is encoded once; `cached_encode` answers from that cache alone, without blocking, so a prompt
+whose pieces are all known needs no worker thread. Other tokenizers (Gemma 3's) encode whole.
+
 For Chat it also keeps the engine's chat template as a `dpgate.chat.template.ChatTemplate` built
 from what GetTokenizer hands over (the template, its special-token variables, the markers): the
 renderer the engine itself runs, so a conversation becomes the engine's prompt text, encoded
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
 
 import tokenizers
 
@@ -22,6 +29,8 @@ from dpgate.chat.markers import ChatMarkers, MarkerConfigError
 from dpgate.chat.request import ChatLike, chat_inputs, render_chat
 from dpgate.chat.template import ChatTemplate
 from dpgate.v1 import control_pb2
+from gateway.piece_ids_cache import PieceIdsCache
+from gateway.token_chunks import SplitRule, pieces, split_rule
 
 logger = logging.getLogger("dpgate.gateway.prompts")
 
@@ -29,11 +38,13 @@ logger = logging.getLogger("dpgate.gateway.prompts")
 class PromptTokenizers:
     """Fingerprint -> the engine's tokenizer, and its chat template when it has one."""
 
-    __slots__ = ("_learning", "chat_templates", "tokenizers")
+    __slots__ = ("_learning", "_rules", "chat_templates", "piece_ids", "tokenizers")
 
-    def __init__(self) -> None:
+    def __init__(self, piece_ids: PieceIdsCache | None = None) -> None:
         self.tokenizers: dict[str, tokenizers.Tokenizer] = {}
         self.chat_templates: dict[str, ChatTemplate] = {}
+        self.piece_ids = PieceIdsCache() if piece_ids is None else piece_ids
+        self._rules: dict[str, SplitRule] = {}  # fingerprint -> how its texts may be cut
         self._learning: set[str] = set()
 
     def knows(self, fingerprint: str) -> bool:
@@ -56,30 +67,77 @@ class PromptTokenizers:
             if answer.fingerprint != fingerprint:
                 logger.warning("tokenizer fingerprint changed during the handshake; will ask again")
                 return False
-            tokenizer = await asyncio.to_thread(tokenizers.Tokenizer.from_str, answer.tokenizer_json.decode())
+            tokenizer, rule = await asyncio.to_thread(_load, answer.tokenizer_json.decode())
             # Compiling the template and probing its thinking default take milliseconds of Python.
             template = await asyncio.to_thread(_chat_template, answer)
             self.tokenizers[fingerprint] = tokenizer
+            if rule is not None:
+                self._rules[fingerprint] = rule
             if template is not None:
                 self.chat_templates[fingerprint] = template
-            logger.info("learned tokenizer %s (%d tokens)", fingerprint[:16], tokenizer.get_vocab_size())
+            how = "encoded piece by piece" if rule is not None else "encoded whole"
+            logger.info("learned tokenizer %s (%d tokens, %s)", fingerprint[:16], tokenizer.get_vocab_size(), how)
             return True
         finally:
             self._learning.discard(fingerprint)
 
-    def encode(self, fingerprint: str, text: str) -> list[int]:
-        """The engine's token ids for a text prompt (special tokens added, as the engine does).
-        Blocking: call it from a worker thread."""
-        return _ids(self.tokenizers[fingerprint], text, add_special_tokens=True)
+    def encode(self, fingerprint: str, text: str) -> array:
+        """The engine's token ids for a text prompt (special tokens added, as the engine does), as
+        array('I'). Blocking: call it from a worker thread."""
+        return self._encode(fingerprint, text, add_special_tokens=True)
+
+    def cached_encode(self, fingerprint: str, text: str) -> array | None:
+        """`encode`'s ids when every piece of the text is in the cache, else None; never blocks."""
+        rule = self._rules.get(fingerprint)
+        if rule is None:
+            return None
+        found = []
+        for piece in pieces(text):
+            ids = self.piece_ids.get(fingerprint, piece)
+            if ids is None:
+                return None
+            found.append(ids)
+        return _joined(rule, found, add_special_tokens=True)
 
     def renders_chat(self, fingerprint: str) -> bool:
         return fingerprint in self.chat_templates
 
-    def encode_chat(self, fingerprint: str, request: ChatLike) -> list[int]:
-        """The engine's token ids for a Chat request's prompt. Raises what the engine would refuse
-        the request with (InvalidRequestError and its kinds); blocking: call it from a worker thread."""
+    def encode_chat(self, fingerprint: str, request: ChatLike) -> array:
+        """The engine's token ids for a Chat request's prompt, as array('I'). Raises what the engine
+        would refuse the request with (InvalidRequestError and its kinds); blocking: call it from a
+        worker thread."""
         rendered = render_chat(self.chat_templates[fingerprint], chat_inputs(request))
-        return _ids(self.tokenizers[fingerprint], rendered.text, add_special_tokens=False)
+        return self._encode(fingerprint, rendered.text, add_special_tokens=False)
+
+    def _encode(self, fingerprint: str, text: str, add_special_tokens: bool) -> array:
+        tokenizer = self.tokenizers[fingerprint]
+        rule = self._rules.get(fingerprint)
+        if rule is None:
+            return array("I", _ids(tokenizer, text, add_special_tokens))
+        parts = pieces(text)
+        found = [self.piece_ids.get(fingerprint, piece) for piece in parts]
+        missing = [i for i, ids in enumerate(found) if ids is None]
+        if missing:
+            encoded = tokenizer.encode_batch_fast([parts[i] for i in missing], add_special_tokens=False)
+            for i, encoding in zip(missing, encoded, strict=True):
+                ids = found[i] = array("I", encoding.ids)
+                self.piece_ids.put(fingerprint, parts[i], ids)
+        return _joined(rule, found, add_special_tokens)
+
+
+def _load(tokenizer_json: str) -> tuple[tokenizers.Tokenizer, SplitRule | None]:
+    tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json)
+    return tokenizer, split_rule(tokenizer, tokenizer_json)
+
+
+def _joined(rule: SplitRule, found: list, add_special_tokens: bool) -> array:
+    """The pieces' ids end to end, inside the special tokens the tokenizer adds (when asked)."""
+    out = array("I", rule.prefix_ids) if add_special_tokens else array("I")
+    for ids in found:
+        out += ids
+    if add_special_tokens:
+        out.extend(rule.suffix_ids)
+    return out
 
 
 def _ids(tokenizer: tokenizers.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
 
 
@@ -27,13 +29,28 @@ def block_chain(
     computes the last prompt token (its forward gives the first logits), so a block holding it is
     never taken from the cache.
     """
+    num_bytes = ((len(token_ids) - 1) // block_size) * 4 * block_size
+    if num_bytes <= 0:
+        return []
+    data = _u32le(token_ids)
     extra = extra_keys(tenant, cache_salt)
     head = struct.pack("<I", len(extra)) + extra
-    chain: list[int] = []
-    parent = root
-    for start in range(0, ((len(token_ids) - 1) // block_size) * block_size, block_size):
-        block = token_ids[start : start + block_size]
-        data = struct.pack("<Q", parent) + head + struct.pack(f"<{block_size}I", *block)
-        parent = int.from_bytes(hashlib.sha256(data).digest()[:8], "little")
-        chain.append(parent)
-    return chain
+    sha256, step = hashlib.sha256, 4 * block_size
+    # u64le(parent) is the first 8 bytes of the parent's digest as they are: no int round trip.
+    parent = root.to_bytes(8, "little")
+    digests = []
+    for start in range(0, num_bytes, step):
+        parent = sha256(parent + head + data[start : start + step]).digest()[:8]
+        digests.append(parent)
+    return [int.from_bytes(digest, "little") for digest in digests]
+
+
+def _u32le(token_ids: Sequence[int]) -> bytes:
+    """The ids as u32le, all at once (an array('I') as it is on a little-endian machine)."""
+    if isinstance(token_ids, array) and token_ids.typecode == "I" and token_ids.itemsize == 4:
+        if sys.byteorder == "little":
+            return token_ids.tobytes()
+        swapped = array("I", token_ids)
+        swapped.byteswap()
+        return swapped.tobytes()
+    return struct.pack(f"<{len(token_ids)}I", *token_ids)
