@@ -9,9 +9,10 @@ special tokens, markers, tools and thinking rule) and encoded without adding spe
 the engine does. The blocks are hashed with the engine's documented function (gateway/routing/
 block_hashes.py), with the call's tenant and cache_salt. Encoding a 1,000-token text whole takes
 1-2 ms, which must not stall the event loop: that (and rendering Chat) runs on a worker thread.
-A text whose pieces are all in the tokenizers' cache (a shared system prompt or history: gateway/
-prompt_tokenizers.py), or a prompt of token ids, needs only the hashing (0.05 ms for 1,000 tokens),
-cheaper than the hop to a thread and back: up to `INLINE_MAX_TOKENS` it runs here on the loop.
+A text whose pieces are nearly all in the tokenizers' cache (a shared system prompt or history:
+gateway/prompt_tokenizers.py), or a prompt of token ids, needs at most a short encode and the
+hashing (0.05 ms for 1,000 tokens), cheaper than the hop to a thread and back: that runs here on
+the loop (bounded by `INLINE_MAX_*`).
 bench/cache_aware_path.py measures the whole path against the relay path.
 A Chat call the renderer refuses (the engine will refuse it too, naming the field) is routed by load.
 """
@@ -40,10 +41,12 @@ _MESSAGES = {
     "ChatStream": generate_pb2.ChatStreamRequest,
 }
 _CHAT = frozenset({"Chat", "ChatStream"})
-# Past this many tokens even hashing alone (~0.05 ms per 1,000) goes to a worker thread, and so
-# does a text past this many chars (looking its pieces up costs ~1 us per 256 chars).
+# What the event loop does itself, each about 0.2-0.4 ms at most (a worker thread does more): hash
+# up to this many tokens (~0.05 ms per 1,000), look up the pieces of up to this many chars (~1 us
+# per 256), and encode up to this many chars missing from the cache (~0.15 ms per 1,000).
 INLINE_MAX_TOKENS = 8192
 INLINE_MAX_CHARS = 32768
+INLINE_MAX_NEW_CHARS = 1024
 
 
 @dataclass(slots=True, frozen=True)
@@ -130,8 +133,9 @@ class PromptRouter:
         return PromptBlocks(num_tokens, matched, cached, chains_by_address)
 
     def _known_ids(self, groups: list[_HashGroup], prompt: _Prompt) -> dict[str, Sequence[int]] | None:
-        """Each group's ids when they are at hand without blocking and short enough to hash here;
-        None sends the work to a worker thread."""
+        """Each group's ids when they cost little enough to get here (`INLINE_MAX_*`): the ids of
+        a token-id prompt, a text's from the piece cache plus a short encode; None sends the work
+        to a worker thread."""
         if prompt.ids is not None:
             return {} if len(prompt.ids) <= INLINE_MAX_TOKENS else None
         if prompt.text is None or len(prompt.text) > INLINE_MAX_CHARS:
@@ -139,7 +143,7 @@ class PromptRouter:
         encoded: dict[str, Sequence[int]] = {}
         for group in groups:
             if group.fingerprint not in encoded:
-                ids = self.tokenizers.cached_encode(group.fingerprint, prompt.text)
+                ids = self.tokenizers.encode_mostly_cached(group.fingerprint, prompt.text, INLINE_MAX_NEW_CHARS)
                 if ids is None or len(ids) > INLINE_MAX_TOKENS:
                     return None
                 encoded[group.fingerprint] = ids

@@ -81,8 +81,11 @@ def test_random_texts_encode_as_whole_texts_do_including_from_the_cache(model_to
             text = shared + text  # later ones find the shared pieces in the cache
         ids = prompts.encode(name, text)
         assert isinstance(ids, array) and list(ids) == whole(tokenizer, text), text
-        again = prompts.cached_encode(name, text)
+        again = prompts.encode_mostly_cached(name, text, 0)  # all from the cache now
         assert again is None if name == "gemma3" else list(again) == list(ids)
+        fresh = text + " fresh words" * (i % 5)  # its last piece is new
+        tail = prompts.encode_mostly_cached(name, fresh, 1 << 20)
+        assert tail is None if name == "gemma3" else list(tail) == whole(tokenizer, fresh)
     if name == "smollm2":
         assert len(prompts.piece_ids) > 100
 
@@ -148,3 +151,11 @@ def test_an_added_token_that_strips_or_holds_a_space_takes_the_rule_away():
     config["added_tokens"][0]["content"] = "end of text"
     changed = json.dumps(config)
     assert split_rule(tokenizers.Tokenizer.from_str(changed), changed) is None
+
+
+def test_a_text_with_more_new_chars_than_allowed_is_left_for_a_worker_thread(model_tokenizer):
+    name, prompts, tokenizer = model_tokenizer
+    text = " ".join(f"novel{i}" for i in range(200))  # ~1,600 chars, never encoded before
+    assert prompts.encode_mostly_cached(name, text, 1_000) is None
+    assert list(prompts.encode(name, text)) == whole(tokenizer, text)
+    assert (prompts.encode_mostly_cached(name, text, 0) is None) is (name == "gemma3")
