@@ -7,7 +7,7 @@ files, torch or transformers.
 
 Encoding goes piece by piece where the tokenizer provably allows it (gateway/token_chunks.py:
 GPT-2-style byte-level BPE such as SmolLM2's), through a cache of the pieces' ids (gateway/
-piece_ids_cache.py), so a prefix that prompts share (a system prompt, a conversation's history)
+bounded_lru.py), so a prefix that prompts share (a system prompt, a conversation's history)
 is encoded once; `encode_mostly_cached` answers when little is left to encode (a new turn after a
 cached history), cheaply enough for the event loop, so such a prompt needs no worker thread.
 Other tokenizers (Gemma 3's) encode whole.
@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from array import array
+from dataclasses import dataclass
 
 import tokenizers
 
@@ -30,10 +32,21 @@ from dpgate.chat.markers import ChatMarkers, MarkerConfigError
 from dpgate.chat.request import ChatLike, chat_inputs, render_chat
 from dpgate.chat.template import ChatTemplate
 from dpgate.v1 import control_pb2
-from gateway.piece_ids_cache import PieceIdsCache
+from gateway.bounded_lru import BoundedLru
 from gateway.token_chunks import SplitRule, pieces, split_rule
 
 logger = logging.getLogger("dpgate.gateway.prompts")
+
+
+@dataclass(slots=True, frozen=True)
+class Encoded:
+    """A text's token ids and, when it was encoded piece by piece, its pieces and their ids:
+    `ids` is `prefix_ids`, then each piece's ids, then any special ids after them."""
+
+    ids: array  # array('I')
+    pieces: list[str] | None = None
+    piece_ids: list[array] | None = None
+    prefix_ids: tuple[int, ...] = ()
 
 
 class PromptTokenizers:
@@ -41,10 +54,10 @@ class PromptTokenizers:
 
     __slots__ = ("_learning", "_rules", "chat_templates", "piece_ids", "tokenizers")
 
-    def __init__(self, piece_ids: PieceIdsCache | None = None) -> None:
+    def __init__(self, piece_ids: BoundedLru | None = None) -> None:
         self.tokenizers: dict[str, tokenizers.Tokenizer] = {}
         self.chat_templates: dict[str, ChatTemplate] = {}
-        self.piece_ids = PieceIdsCache() if piece_ids is None else piece_ids
+        self.piece_ids = BoundedLru() if piece_ids is None else piece_ids  # (fingerprint, piece) -> ids
         self._rules: dict[str, SplitRule] = {}  # fingerprint -> how its texts may be cut
         self._learning: set[str] = set()
 
@@ -82,45 +95,45 @@ class PromptTokenizers:
         finally:
             self._learning.discard(fingerprint)
 
-    def encode(self, fingerprint: str, text: str) -> array:
-        """The engine's token ids for a text prompt (special tokens added, as the engine does), as
-        array('I'). Blocking: call it from a worker thread."""
+    def encode(self, fingerprint: str, text: str) -> Encoded:
+        """The engine's token ids for a text prompt (special tokens added, as the engine does).
+        Blocking: call it from a worker thread."""
         return self._encode(fingerprint, text, add_special_tokens=True)
 
-    def encode_mostly_cached(self, fingerprint: str, text: str, max_new_chars: int) -> array | None:
-        """`encode`'s ids when the text's pieces missing from the cache hold at most `max_new_chars`
-        chars (those are encoded here: about 0.15 ms per 1,000 chars), else None. Cheap enough to
-        call on the event loop; None also for a tokenizer that encodes whole texts only."""
+    def encode_mostly_cached(self, fingerprint: str, text: str, max_new_chars: int) -> Encoded | None:
+        """`encode`'s answer when the text's pieces missing from the cache hold at most
+        `max_new_chars` chars (those are encoded here: about 0.15 ms per 1,000 chars), else None.
+        Cheap enough to call on the event loop; None also for a tokenizer that encodes whole texts."""
         rule = self._rules.get(fingerprint)
         if rule is None:
             return None
         parts = pieces(text)
-        found = [self.piece_ids.get(fingerprint, piece) for piece in parts]
+        found = [self.piece_ids.get((fingerprint, piece)) for piece in parts]
         missing = [i for i, ids in enumerate(found) if ids is None]
         if sum(len(parts[i]) for i in missing) > max_new_chars:
             return None
         self._fill(fingerprint, parts, found, missing)
-        return _joined(rule, found, add_special_tokens=True)
+        return _joined(rule, parts, found, add_special_tokens=True)
 
     def renders_chat(self, fingerprint: str) -> bool:
         return fingerprint in self.chat_templates
 
-    def encode_chat(self, fingerprint: str, request: ChatLike) -> array:
-        """The engine's token ids for a Chat request's prompt, as array('I'). Raises what the engine
+    def encode_chat(self, fingerprint: str, request: ChatLike) -> Encoded:
+        """The engine's token ids for a Chat request's prompt. Raises what the engine
         would refuse the request with (InvalidRequestError and its kinds); blocking: call it from a
         worker thread."""
         rendered = render_chat(self.chat_templates[fingerprint], chat_inputs(request))
         return self._encode(fingerprint, rendered.text, add_special_tokens=False)
 
-    def _encode(self, fingerprint: str, text: str, add_special_tokens: bool) -> array:
+    def _encode(self, fingerprint: str, text: str, add_special_tokens: bool) -> Encoded:
         tokenizer = self.tokenizers[fingerprint]
         rule = self._rules.get(fingerprint)
         if rule is None:
-            return array("I", _ids(tokenizer, text, add_special_tokens))
+            return Encoded(array("I", _ids(tokenizer, text, add_special_tokens)))
         parts = pieces(text)
-        found = [self.piece_ids.get(fingerprint, piece) for piece in parts]
+        found = [self.piece_ids.get((fingerprint, piece)) for piece in parts]
         self._fill(fingerprint, parts, found, [i for i, ids in enumerate(found) if ids is None])
-        return _joined(rule, found, add_special_tokens)
+        return _joined(rule, parts, found, add_special_tokens)
 
     def _fill(self, fingerprint: str, parts: list[str], found: list, missing: list[int]) -> None:
         """Encode the pieces at `missing` (one batch), put their ids in `found` and the cache."""
@@ -129,7 +142,7 @@ class PromptTokenizers:
         encoded = self.tokenizers[fingerprint].encode_batch_fast([parts[i] for i in missing], add_special_tokens=False)
         for i, encoding in zip(missing, encoded, strict=True):
             ids = found[i] = array("I", encoding.ids)
-            self.piece_ids.put(fingerprint, parts[i], ids)
+            self.piece_ids.put((fingerprint, parts[i]), ids, sys.getsizeof(parts[i]) + 4 * len(ids))
 
 
 def _load(tokenizer_json: str) -> tuple[tokenizers.Tokenizer, SplitRule | None]:
@@ -137,14 +150,15 @@ def _load(tokenizer_json: str) -> tuple[tokenizers.Tokenizer, SplitRule | None]:
     return tokenizer, split_rule(tokenizer, tokenizer_json)
 
 
-def _joined(rule: SplitRule, found: list, add_special_tokens: bool) -> array:
+def _joined(rule: SplitRule, parts: list[str], found: list, add_special_tokens: bool) -> Encoded:
     """The pieces' ids end to end, inside the special tokens the tokenizer adds (when asked)."""
-    out = array("I", rule.prefix_ids) if add_special_tokens else array("I")
+    prefix = rule.prefix_ids if add_special_tokens else ()
+    out = array("I", prefix)
     for ids in found:
         out += ids
     if add_special_tokens:
         out.extend(rule.suffix_ids)
-    return out
+    return Encoded(out, parts, found, prefix)
 
 
 def _ids(tokenizer: tokenizers.Tokenizer, text: str, add_special_tokens: bool) -> list[int]:

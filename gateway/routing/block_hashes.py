@@ -32,20 +32,29 @@ def block_chain(
     num_bytes = ((len(token_ids) - 1) // block_size) * 4 * block_size
     if num_bytes <= 0:
         return []
-    data = _u32le(token_ids)
-    extra = extra_keys(tenant, cache_salt)
-    head = struct.pack("<I", len(extra)) + extra
-    sha256, step = hashlib.sha256, 4 * block_size
-    # u64le(parent) is the first 8 bytes of the parent's digest as they are: no int round trip.
     parent = root.to_bytes(8, "little")
+    return hash_blocks(u32le(token_ids)[:num_bytes], parent, prefix_head(tenant, cache_salt), block_size)
+
+
+def prefix_head(tenant: str, cache_salt: str) -> bytes:
+    """What every block hashes between its parent and its ids: u32le(len(extra)) || extra."""
+    extra = extra_keys(tenant, cache_salt)
+    return struct.pack("<I", len(extra)) + extra
+
+
+def hash_blocks(data: bytes, parent: bytes, head: bytes, block_size: int) -> list[int]:
+    """The hashes of the blocks of `data` (u32le ids, a whole number of blocks) after `parent`
+    (the u64le hash of the block before them, or of the root)."""
+    sha256, step = hashlib.sha256, 4 * block_size
     digests = []
-    for start in range(0, num_bytes, step):
+    for start in range(0, len(data), step):
+        # u64le(parent) is the first 8 bytes of the parent's digest as they are: no int round trip.
         parent = sha256(parent + head + data[start : start + step]).digest()[:8]
         digests.append(parent)
     return [int.from_bytes(digest, "little") for digest in digests]
 
 
-def _u32le(token_ids: Sequence[int]) -> bytes:
+def u32le(token_ids: Sequence[int]) -> bytes:
     """The ids as u32le, all at once (an array('I') as it is on a little-endian machine)."""
     if isinstance(token_ids, array) and token_ids.typecode == "I" and token_ids.itemsize == 4:
         if sys.byteorder == "little":

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpgate.v1 import control_pb2 as cpb
-from gateway.piece_ids_cache import PieceIdsCache
+from gateway.bounded_lru import BoundedLru
 from gateway.prompt_tokenizers import PromptTokenizers
 from gateway.token_chunks import PIECE_CHARS, pieces, special_ids, split_rule
 from tests.gateway.chat_corpus import WORDS as CHAT_WORDS
@@ -46,7 +46,7 @@ def tokenizer_json(name: str) -> str:
 @pytest.fixture(scope="module", params=list(MODELS))
 def model_tokenizer(request) -> tuple[str, PromptTokenizers, tokenizers.Tokenizer]:
     json_text = tokenizer_json(request.param)
-    prompts = PromptTokenizers(PieceIdsCache(max_entries=2_000, max_bytes=1 << 20))
+    prompts = PromptTokenizers(BoundedLru(max_entries=2_000, max_bytes=1 << 20))
 
     async def fetch():
         return cpb.GetTokenizerResponse(tokenizer_json=json_text.encode(), fingerprint=request.param)
@@ -79,13 +79,13 @@ def test_random_texts_encode_as_whole_texts_do_including_from_the_cache(model_to
         text = random_text(rng, rng.randrange(0, 600))
         if i % 3 == 0:
             text = shared + text  # later ones find the shared pieces in the cache
-        ids = prompts.encode(name, text)
+        ids = prompts.encode(name, text).ids
         assert isinstance(ids, array) and list(ids) == whole(tokenizer, text), text
         again = prompts.encode_mostly_cached(name, text, 0)  # all from the cache now
-        assert again is None if name == "gemma3" else list(again) == list(ids)
+        assert again is None if name == "gemma3" else list(again.ids) == list(ids)
         fresh = text + " fresh words" * (i % 5)  # its last piece is new
         tail = prompts.encode_mostly_cached(name, fresh, 1 << 20)
-        assert tail is None if name == "gemma3" else list(tail) == whole(tokenizer, fresh)
+        assert tail is None if name == "gemma3" else list(tail.ids) == whole(tokenizer, fresh)
     if name == "smollm2":
         assert len(prompts.piece_ids) > 100
 
@@ -93,20 +93,20 @@ def test_random_texts_encode_as_whole_texts_do_including_from_the_cache(model_to
 def test_the_gateways_corpora_encode_as_whole_texts_do(model_tokenizer):
     name, prompts, tokenizer = model_tokenizer
     for text, _salt, _tenant in corpus(11) + corpus(12):
-        assert list(prompts.encode(name, text)) == whole(tokenizer, text), text
+        assert list(prompts.encode(name, text).ids) == whole(tokenizer, text), text
     rng = random.Random(9)
     for _ in range(100):
         words = rng.choice([CHAT_WORDS, PROMPT_WORDS])
         text = " ".join(rng.choice(words) for _ in range(rng.randrange(1, 800)))
-        assert list(prompts.encode(name, text)) == whole(tokenizer, text), text
+        assert list(prompts.encode(name, text).ids) == whole(tokenizer, text), text
 
 
 @settings(max_examples=300, deadline=None)
 @given(text=st.lists(st.sampled_from(FRAGMENTS) | st.text(max_size=6), max_size=250).map("".join))
 def test_any_text_encodes_as_whole_text_does(model_tokenizer, text):
     name, prompts, tokenizer = model_tokenizer
-    assert list(prompts.encode(name, text)) == whole(tokenizer, text)
-    assert list(prompts._encode(name, text, add_special_tokens=False)) == whole(tokenizer, text, False)
+    assert list(prompts.encode(name, text).ids) == whole(tokenizer, text)
+    assert list(prompts._encode(name, text, add_special_tokens=False).ids) == whole(tokenizer, text, False)
 
 
 def test_pieces_cut_only_after_a_letter_or_digit_before_a_space_and_rejoin():
@@ -157,5 +157,5 @@ def test_a_text_with_more_new_chars_than_allowed_is_left_for_a_worker_thread(mod
     name, prompts, tokenizer = model_tokenizer
     text = " ".join(f"novel{i}" for i in range(200))  # ~1,600 chars, never encoded before
     assert prompts.encode_mostly_cached(name, text, 1_000) is None
-    assert list(prompts.encode(name, text)) == whole(tokenizer, text)
+    assert list(prompts.encode(name, text).ids) == whole(tokenizer, text)
     assert (prompts.encode_mostly_cached(name, text, 0) is None) is (name == "gemma3")
