@@ -45,6 +45,20 @@ class BoundedLru:
             self._entries.move_to_end(key)
             return entry[0]
 
+    def get_many(self, keys: list[Hashable]) -> list[Any | None]:
+        """`[get(key) for key in keys]` under one taking of the lock."""
+        entries = self._entries
+        found: list[Any | None] = []
+        with self._lock:
+            for key in keys:
+                entry = entries.get(key)
+                if entry is None:
+                    found.append(None)
+                else:
+                    entries.move_to_end(key)
+                    found.append(entry[0])
+        return found
+
     def put(self, key: Hashable, value: Any, size: int) -> None:
         if size > self.max_bytes:
             return  # one entry larger than the whole cache (a text without cuts): not kept

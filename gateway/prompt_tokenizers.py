@@ -108,7 +108,7 @@ class PromptTokenizers:
         if rule is None:
             return None
         parts = pieces(text)
-        found = [self.piece_ids.get((fingerprint, piece)) for piece in parts]
+        found = self.piece_ids.get_many([(fingerprint, piece) for piece in parts])
         missing = [i for i, ids in enumerate(found) if ids is None]
         if sum(len(parts[i]) for i in missing) > max_new_chars:
             return None
@@ -131,7 +131,7 @@ class PromptTokenizers:
         if rule is None:
             return Encoded(array("I", _ids(tokenizer, text, add_special_tokens)))
         parts = pieces(text)
-        found = [self.piece_ids.get((fingerprint, piece)) for piece in parts]
+        found = self.piece_ids.get_many([(fingerprint, piece) for piece in parts])
         self._fill(fingerprint, parts, found, [i for i, ids in enumerate(found) if ids is None])
         return _joined(rule, parts, found, add_special_tokens)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from gateway.routing.leading_blocks import leading_blocks
+
 
 class InFlightPrefixes:
     """block hash -> {address -> calls open there whose prompt has that block} (plain dicts: this
@@ -50,15 +52,4 @@ class InFlightPrefixes:
 
     def matched_blocks(self, chain: Sequence[int]) -> dict[str, int]:
         """For each engine with open calls sharing the chain's first block: leading blocks shared."""
-        matched: dict[str, int] = {}
-        alive: set[str] | None = None
-        for depth, block_hash in enumerate(chain):
-            holders = self._holders.get(block_hash)
-            if not holders:
-                break
-            alive = set(holders) if alive is None else alive & holders.keys()
-            if not alive:
-                break
-            for address in alive:
-                matched[address] = depth + 1
-        return matched
+        return leading_blocks(chain, self._holders)

@@ -16,6 +16,9 @@ def test_the_least_recently_used_entry_goes_first_when_entries_run_out():
     cache.put(("f", "c"), 3, 10)
     assert cache.get(("f", "b")) is None and cache.get(("f", "a")) == 1 and len(cache) == 2
     assert cache.get(("g", "a")) is None
+    assert cache.get_many([("f", "c"), ("f", "b"), ("f", "a")]) == [3, None, 1]  # "a" most recent again
+    cache.put(("f", "d"), 4, 10)
+    assert cache.get(("f", "c")) is None and cache.get(("f", "a")) == 1
 
 
 def test_bytes_are_counted_and_bounded_and_a_replaced_entry_is_not_counted_twice():
