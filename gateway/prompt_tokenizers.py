@@ -147,7 +147,7 @@ class PromptTokenizers:
 
 def _load(tokenizer_json: str) -> tuple[tokenizers.Tokenizer, SplitRule | None]:
     tokenizer = tokenizers.Tokenizer.from_str(tokenizer_json)
-    return tokenizer, split_rule(tokenizer, tokenizer_json)
+    return tokenizer, split_rule(tokenizer)
 
 
 def _joined(rule: SplitRule, parts: list[str], found: list, add_special_tokens: bool) -> Encoded:

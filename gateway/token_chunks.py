@@ -46,12 +46,25 @@ class SplitRule:
     suffix_ids: tuple[int, ...]
 
 
-def split_rule(tokenizer: tokenizers.Tokenizer, tokenizer_json: str) -> SplitRule | None:
-    """The rule when this tokenizer's configuration is one the module docstring proves; else None."""
-    config = json.loads(tokenizer_json)
+def split_rule(tokenizer: tokenizers.Tokenizer) -> SplitRule | None:
+    """The rule when this tokenizer's configuration is one the module docstring proves; else None.
+    Read from the tokenizer's parts (each one's own JSON), never from the whole tokenizer JSON,
+    whose vocabulary takes seconds to parse for Gemma 3."""
+    config = {
+        "model": {"type": type(tokenizer.model).__name__, "dropout": getattr(tokenizer.model, "dropout", None)},
+        "normalizer": _state(tokenizer.normalizer),
+        "pre_tokenizer": _state(tokenizer.pre_tokenizer),
+        "post_processor": _state(tokenizer.post_processor),
+        "truncation": tokenizer.truncation,
+        "padding": tokenizer.padding,
+        "added_tokens": [
+            {"content": t.content, "lstrip": t.lstrip, "rstrip": t.rstrip, "single_word": t.single_word}
+            for t in tokenizer.get_added_tokens_decoder().values()
+        ],
+    }
     if not _splits_at_spaces(config):
         return None
-    specials = special_ids(config.get("post_processor"))
+    specials = special_ids(config["post_processor"])
     if specials is None:
         return None
     prefix, suffix = specials
@@ -60,6 +73,10 @@ def split_rule(tokenizer: tokenizers.Tokenizer, tokenizer_json: str) -> SplitRul
         if tokenizer.encode_batch_fast([probe], add_special_tokens=True)[0].ids != [*prefix, *plain, *suffix]:
             return None
     return SplitRule(prefix, suffix)
+
+
+def _state(part: Any) -> dict[str, Any] | None:
+    return None if part is None else json.loads(part.__getstate__())
 
 
 def _splits_at_spaces(config: dict[str, Any]) -> bool:
