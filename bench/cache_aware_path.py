@@ -9,7 +9,13 @@ blocks, look them up, score the engines). Figures: p50/p99 at concurrency 1 (the
 what the path adds; target at most 0.3 ms p50) and, at `--concurrency`, calls/s and the gateway's
 CPU per call from /proc, so calls/s one core sustains (target at least 1,000).
 
-    python bench/cache_aware_path.py [--prompt-tokens 1000] [--calls 500] [--duration 2] [--repeats 3] [--json FILE]
+By default every call sends the same text, so after the first call the gateway finds all of it
+in its cache of encoded pieces (gateway/piece_ids_cache.py): the case of a shared system prompt.
+`--unique-tokens N` makes the last N tokens of every call's text its own (the rest shared), so each
+call encodes its tail (and the shared piece the tail joins): a conversation's new turn.
+
+    python bench/cache_aware_path.py [--prompt-tokens 1000] [--unique-tokens 0] [--calls 500] [--duration 2]
+                                     [--repeats 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ from results import add_json_argument, write_results
 from dpgate.v1 import generate_pb2
 
 WORDS = ["the", "cache", "routes", "prompts", "to", "the", "engine", "that", "holds", "their", "blocks"]
+# 16 words of about one token each: a call's number, written in them, is its unique tail.
+TAIL_WORDS = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree", "rock", "fish", "bird", "rain", "snow",
+              "fire", "gold", "salt"]  # fmt: skip
 PATHS = {"relay (pinned)": (("x-data-parallel-rank", "0"),), "cache-aware (unpinned)": ()}
 
 
@@ -47,24 +56,47 @@ def prompt_text(num_tokens: int) -> str:
     return " ".join(WORDS[i % len(WORDS)] for i in range(num_tokens))
 
 
-async def latencies(channel: aio.Channel, request: bytes, metadata, num_calls: int) -> list[float]:
+class Requests:
+    """The serialized Generate of every call: the same one, or one whose last `unique_tokens`
+    words are the call's number written in TAIL_WORDS (unique for 16**unique_tokens calls)."""
+
+    def __init__(self, prompt_tokens: int, unique_tokens: int) -> None:
+        self.shared = prompt_text(prompt_tokens - unique_tokens)
+        self.unique_tokens, self.count = unique_tokens, 0
+        self.same = self._build(self.shared)
+
+    def _build(self, text: str) -> bytes:
+        stopping = generate_pb2.StoppingCriteria(max_tokens=1)
+        return generate_pb2.GenerateRequest(text=text, stopping=stopping).SerializeToString()
+
+    def next(self) -> bytes:
+        if not self.unique_tokens:
+            return self.same
+        self.count += 1
+        tail = " ".join(TAIL_WORDS[(self.count >> (4 * j)) & 15] for j in range(self.unique_tokens))
+        return self._build(f"{self.shared} {tail}")
+
+
+async def latencies(channel: aio.Channel, requests: Requests, metadata, num_calls: int) -> list[float]:
     call = channel.unary_unary(GENERATE)
     samples = []
     for _ in range(num_calls):
+        request = requests.next()
         started = time.perf_counter()
         await call(request, metadata=metadata)
         samples.append(time.perf_counter() - started)
     return samples
 
 
-async def rate(channel: aio.Channel, request: bytes, metadata, concurrency: int, duration: float) -> tuple[int, float]:
+async def rate(channel: aio.Channel, requests: Requests, metadata, concurrency: int, duration: float):
+    """(calls, seconds) of `concurrency` callers for `duration` seconds."""
     call = channel.unary_unary(GENERATE)
     count, deadline = 0, time.perf_counter() + duration
 
     async def worker() -> None:
         nonlocal count
         while time.perf_counter() < deadline:
-            await call(request, metadata=metadata)
+            await call(requests.next(), metadata=metadata)
             count += 1
 
     started = time.perf_counter()
@@ -81,8 +113,9 @@ def hashed_prompt_tokens(metrics_port: int) -> float:
                if line.startswith("dpgate_gateway_hashed_prompt_tokens_total"))  # fmt: skip
 
 
-async def measure(address: str, gateway_pid: int, metrics_port: int, request: bytes, args) -> dict[str, list[dict]]:
+async def measure(address: str, gateway_pid: int, metrics_port: int, requests: Requests, args) -> dict[str, list[dict]]:
     rounds: dict[str, list[dict]] = {name: [] for name in PATHS}
+    request = requests.same
     async with aio.insecure_channel(address) as channel:
         await wait_until_serving(channel, request)
         deadline = time.monotonic() + 120
@@ -92,14 +125,14 @@ async def measure(address: str, gateway_pid: int, metrics_port: int, request: by
             await channel.unary_unary(GENERATE)(request)
         for metadata in PATHS.values():  # warm-up: every path a few times
             for _ in range(20):
-                await channel.unary_unary(GENERATE)(request, metadata=metadata)
+                await channel.unary_unary(GENERATE)(requests.next(), metadata=metadata)
         for round_number in range(args.repeats):
             names = list(PATHS) if round_number % 2 == 0 else list(PATHS)[::-1]
             for name in names:
                 metadata = PATHS[name]
-                samples = await latencies(channel, request, metadata, args.calls)
+                samples = await latencies(channel, requests, metadata, args.calls)
                 cpu_before = process_cpu_seconds(gateway_pid)
-                count, seconds = await rate(channel, request, metadata, args.concurrency, args.duration)
+                count, seconds = await rate(channel, requests, metadata, args.concurrency, args.duration)
                 cpu_us = 1e6 * (process_cpu_seconds(gateway_pid) - cpu_before) / count
                 rounds[name].append({
                     "p50_ms": 1e3 * statistics.median(samples), "p99_ms": 1e3 * percentile(samples, 99),
@@ -112,6 +145,8 @@ async def measure(address: str, gateway_pid: int, metrics_port: int, request: by
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt-tokens", type=int, default=1000)
+    parser.add_argument("--unique-tokens", type=int, default=0,
+                        help="the last N tokens of each call's prompt are its own (default 0: one prompt)")  # fmt: skip
     parser.add_argument("--calls", type=int, default=500, help="sequential calls per path per round (latency)")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per throughput run")
@@ -120,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.prompt_tokens < 1 or args.calls < 2 or args.concurrency < 1 or args.repeats < 1 or args.duration <= 0:
         parser.error("--prompt-tokens, --concurrency and --repeats must be at least 1, --calls 2, --duration > 0")
+    if not 0 <= args.unique_tokens < args.prompt_tokens:
+        parser.error("--unique-tokens must be at least 0 and below --prompt-tokens")
     from machine import describe_machine
 
     python = sys.executable
@@ -139,17 +176,15 @@ def main(argv: list[str] | None = None) -> int:
             "listening on ",
         )  # fmt: skip
         started.append(gateway)
-        request = generate_pb2.GenerateRequest(
-            text=prompt_text(args.prompt_tokens), stopping=generate_pb2.StoppingCriteria(max_tokens=1)
-        ).SerializeToString()
         import uvloop
 
-        rounds = uvloop.run(measure(address, gateway.pid, metrics_port, request, args))
+        requests = Requests(args.prompt_tokens, args.unique_tokens)
+        rounds = uvloop.run(measure(address, gateway.pid, metrics_port, requests, args))
     finally:
         stop_processes(started)
     medians = {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]} for name, runs in rounds.items()}
-    print(f"{describe_machine(with_torch=False)}; a {args.prompt_tokens}-token Generate text prompt, "
-          f"median of {args.repeats} interleaved rounds")  # fmt: skip
+    print(f"{describe_machine(with_torch=False)}; a {args.prompt_tokens}-token Generate text prompt ("
+          f"{args.unique_tokens} tokens unique to each call), median of {args.repeats} interleaved rounds")  # fmt: skip
     print(f"{'path':<26}{'p50 ms':>9}{'p99 ms':>9}{'calls/s':>10}{'CPU us/call':>13}{'calls/s/core':>14}")
     for name, figures in medians.items():
         per_core = 1e6 / figures["cpu_us_per_call"]
@@ -158,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     relay, aware = medians["relay (pinned)"], medians["cache-aware (unpinned)"]
     print(f"cache-aware path adds {aware['p50_ms'] - relay['p50_ms']:+.3f} ms p50 (target <= 0.3) and sustains "
           f"{1e6 / aware['cpu_us_per_call']:.0f} calls/s per core (target >= 1,000)")  # fmt: skip
-    write_results(args.json, "cache_aware_path", {"prompt_tokens": args.prompt_tokens, "paths": medians,
-                                                  "rounds": rounds}, with_torch=False)  # fmt: skip
+    figures = {"prompt_tokens": args.prompt_tokens, "unique_tokens": args.unique_tokens, "paths": medians,
+               "rounds": rounds}  # fmt: skip
+    write_results(args.json, "cache_aware_path", figures, with_torch=False)
     return 0
 
 

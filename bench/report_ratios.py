@@ -261,6 +261,8 @@ def cache_aware_path_rows(record: dict) -> list[Row]:
     results, cpu = record["results"], cpu_label(record["machine"])
     relay, aware = results["paths"]["relay (pinned)"], results["paths"]["cache-aware (unpinned)"]
     prompt = f"{results['prompt_tokens']:,}-token prompt"
+    if results.get("unique_tokens"):  # records before --unique-tokens sent one prompt
+        prompt += f" ({results['unique_tokens']:,} tokens unique per call)"
     return [
         Row(f"gateway unary p50 at c=1, {prompt}, cache-aware path", aware["p50_ms"], "relay path (pinned)",
             relay["p50_ms"], "ms", "lower", cpu),

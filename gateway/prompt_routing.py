@@ -7,9 +7,13 @@ so this parses it here. Generate text is tokenized with the engine's own tokeniz
 added); Chat messages are rendered by the engine's own renderer (dpgate/chat/: its template,
 special tokens, markers, tools and thinking rule) and encoded without adding special tokens, as
 the engine does. The blocks are hashed with the engine's documented function (gateway/routing/
-block_hashes.py), with the call's tenant and cache_salt, on a worker thread: 1-2 ms for a
-1,000-token prompt here (encoding most of it, hashing 0.08 ms), which must not stall the event
-loop; bench/cache_aware_path.py measures the whole path against the relay path.
+block_hashes.py), with the call's tenant and cache_salt. Encoding a 1,000-token text whole takes
+1-2 ms, which must not stall the event loop: that (and rendering Chat) runs on a worker thread.
+A text whose pieces are nearly all in the tokenizers' cache (a shared system prompt or history:
+gateway/prompt_tokenizers.py), or a prompt of token ids, needs at most a short encode and the
+hashing (0.05 ms for 1,000 tokens), cheaper than the hop to a thread and back: that runs here on
+the loop (bounded by `INLINE_MAX_*`).
+bench/cache_aware_path.py measures the whole path against the relay path.
 A Chat call the renderer refuses (the engine will refuse it too, naming the field) is routed by load.
 """
 
@@ -24,8 +28,9 @@ from dpgate.chat.request import ChatLike
 from dpgate.invalid_request import InvalidRequestError
 from dpgate.v1 import generate_pb2
 from gateway.engine_pool import EnginePool
-from gateway.prompt_tokenizers import PromptTokenizers
+from gateway.prompt_tokenizers import Encoded, PromptTokenizers
 from gateway.routing.block_hashes import block_chain
+from gateway.routing.chain_cache import ChainCache
 from gateway.routing.filters import PromptBlocks
 from gateway.routing.in_flight import InFlightPrefixes
 
@@ -36,6 +41,12 @@ _MESSAGES = {
     "ChatStream": generate_pb2.ChatStreamRequest,
 }
 _CHAT = frozenset({"Chat", "ChatStream"})
+# What the event loop does itself, each about 0.2-0.4 ms at most (a worker thread does more): hash
+# up to this many tokens (~0.05 ms per 1,000), look up the pieces of up to this many chars (~1 us
+# per 256), and encode up to this many chars missing from the cache (~0.15 ms per 1,000).
+INLINE_MAX_TOKENS = 8192
+INLINE_MAX_CHARS = 32768
+INLINE_MAX_NEW_CHARS = 1024
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,6 +67,7 @@ class PromptRouter:
         self._tenants = tenants  # `authorization` value -> tenant, when keys are isolated
         self.tokenizers: PromptTokenizers = pool.prompt_tokenizers
         self.in_flight = InFlightPrefixes()
+        self.chains = ChainCache()  # block hashes of text prefixes already hashed
 
     def applies(self, rpc: str, rank: int | None) -> bool:
         """Whether the call is worth reading: an unpinned Generate or Chat while some engine's cache is indexed."""
@@ -97,10 +109,16 @@ class PromptRouter:
             if not groups:
                 return None
             prompt = _Prompt(text=message.text) if kind == "text" else _Prompt(ids=list(message.token_ids.ids))
+        encoded = self._known_ids(groups, prompt)
         try:
-            num_tokens, chains = await asyncio.to_thread(
-                _chains, self.tokenizers, groups, prompt, tenant, message.cache_salt
-            )
+            if encoded is None:
+                num_tokens, chains = await asyncio.to_thread(
+                    _chains, self.tokenizers, self.chains, groups, prompt, tenant, message.cache_salt, {}
+                )
+            else:
+                num_tokens, chains = _chains(
+                    self.tokenizers, self.chains, groups, prompt, tenant, message.cache_salt, encoded
+                )
         except (InvalidRequestError, RecursionError):  # the engine refuses it too (naming the field): route by load
             return None
         # The lookups run here on the loop, where the index is edited, never on the worker thread.
@@ -116,6 +134,23 @@ class PromptRouter:
                 cached[address] = found.get(address, 0) * group.block_size
                 matched[address] = max(found.get(address, 0), opening.get(address, 0)) * group.block_size
         return PromptBlocks(num_tokens, matched, cached, chains_by_address)
+
+    def _known_ids(self, groups: list[_HashGroup], prompt: _Prompt) -> dict[str, Encoded] | None:
+        """Each group's ids when they cost little enough to get here (`INLINE_MAX_*`): the ids of
+        a token-id prompt, a text's from the piece cache plus a short encode; None sends the work
+        to a worker thread."""
+        if prompt.ids is not None:
+            return {} if len(prompt.ids) <= INLINE_MAX_TOKENS else None
+        if prompt.text is None or len(prompt.text) > INLINE_MAX_CHARS:
+            return None  # Chat: the template is rendered on a worker thread
+        encoded: dict[str, Encoded] = {}
+        for group in groups:
+            if group.fingerprint not in encoded:
+                text = self.tokenizers.encode_mostly_cached(group.fingerprint, prompt.text, INLINE_MAX_NEW_CHARS)
+                if text is None or len(text.ids) > INLINE_MAX_TOKENS:
+                    return None
+                encoded[group.fingerprint] = text
+        return encoded
 
     def opened(self, address: str, prompt: PromptBlocks) -> None:
         """A call with this prompt now runs on `address`: its prefix counts there until it ends."""
@@ -140,25 +175,37 @@ class _Prompt:
 
 def _chains(
     tokenizers: PromptTokenizers,
+    chain_cache: ChainCache,
     groups: list[_HashGroup],
     prompt: _Prompt,
     tenant: str,
     salt: str,
+    encoded: dict[str, Encoded],
 ) -> tuple[int, list[list[int]]]:
-    """The prompt's length and its block chain for each group: tokenized once per tokenizer.
-    Blocking (Jinja, Rust tokenizer, SHA-256 per block): runs on a worker thread."""
+    """The prompt's length and its block chain for each group: tokenized once per tokenizer
+    (`encoded` holds the texts already encoded, by fingerprint, and gains the rest). Blocking when
+    it encodes (Jinja, Rust tokenizer): then it runs on a worker thread; SHA-256 per block, but
+    for the prefix of a text encoded piece by piece that was hashed before (`chain_cache`)."""
     chains: list[list[int]] = []
     num_tokens = 0
-    encoded: dict[str, list[int]] = {}
     for group in groups:
-        tokens = prompt.ids if prompt.ids is not None else encoded.get(group.fingerprint)
-        if tokens is None:
+        if prompt.ids is not None:
+            num_tokens = len(prompt.ids)
+            chains.append(block_chain(prompt.ids, group.root, group.block_size, tenant, salt))
+            continue
+        text = encoded.get(group.fingerprint)
+        if text is None:
             if prompt.chat is not None:
-                tokens = tokenizers.encode_chat(group.fingerprint, prompt.chat)
+                text = tokenizers.encode_chat(group.fingerprint, prompt.chat)
             else:
                 assert prompt.text is not None  # a prompt is text, ids or chat messages
-                tokens = tokenizers.encode(group.fingerprint, prompt.text)
-            encoded[group.fingerprint] = tokens
-        num_tokens = max(num_tokens, len(tokens))
-        chains.append(block_chain(tokens, group.root, group.block_size, tenant, salt))
+                text = tokenizers.encode(group.fingerprint, prompt.text)
+            encoded[group.fingerprint] = text
+        num_tokens = max(num_tokens, len(text.ids))
+        if text.pieces is None or text.piece_ids is None:
+            chains.append(block_chain(text.ids, group.root, group.block_size, tenant, salt))
+        else:
+            chains.append(chain_cache.block_chain(
+                text.ids, text.pieces, text.piece_ids, text.prefix_ids, group.root, group.block_size, tenant, salt
+            ))  # fmt: skip
     return num_tokens, chains

@@ -10,47 +10,46 @@ engine's events have put the blocks in the exact index. Pure data, no asyncio.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Sequence
+
+from gateway.routing.leading_blocks import leading_blocks
 
 
 class InFlightPrefixes:
-    """block hash -> Counter(address -> calls open there whose prompt has that block)."""
+    """block hash -> {address -> calls open there whose prompt has that block} (plain dicts: this
+    runs for every block of every routed call, twice)."""
 
     __slots__ = ("_holders",)
 
     def __init__(self) -> None:
-        self._holders: dict[int, Counter[str]] = {}
+        self._holders: dict[int, dict[str, int]] = {}
 
     def add(self, address: str, chain: Sequence[int]) -> None:
+        every = self._holders
         for block_hash in chain:
-            self._holders.setdefault(block_hash, Counter())[address] += 1
+            holders = every.get(block_hash)
+            if holders is None:
+                every[block_hash] = {address: 1}
+            else:
+                holders[address] = holders.get(address, 0) + 1
 
     def remove(self, address: str, chain: Sequence[int]) -> None:
+        every = self._holders
         for block_hash in chain:
-            holders = self._holders.get(block_hash)
-            if holders is None or holders[address] <= 0:
+            holders = every.get(block_hash)
+            count = 0 if holders is None else holders.get(address, 0)
+            if count <= 0:
                 continue  # our invariant says never; a miscount must not raise on the data path
-            holders[address] -= 1
-            if holders[address] == 0:
+            if count > 1:
+                holders[address] = count - 1
+            else:
                 del holders[address]
                 if not holders:
-                    del self._holders[block_hash]
+                    del every[block_hash]
 
     def __len__(self) -> int:
         return len(self._holders)
 
     def matched_blocks(self, chain: Sequence[int]) -> dict[str, int]:
         """For each engine with open calls sharing the chain's first block: leading blocks shared."""
-        matched: dict[str, int] = {}
-        alive: set[str] | None = None
-        for depth, block_hash in enumerate(chain):
-            holders = self._holders.get(block_hash)
-            if not holders:
-                break
-            alive = set(holders) if alive is None else alive & holders.keys()
-            if not alive:
-                break
-            for address in alive:
-                matched[address] = depth + 1
-        return matched
+        return leading_blocks(chain, self._holders)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from gateway.routing.leading_blocks import leading_blocks
+
 
 class KvIndex:
     """Which engine (by address) holds which cached block (by its 64-bit hash).
@@ -78,15 +80,4 @@ class KvIndex:
         The engine takes only a prefix of consecutive cached blocks, so a block held past a gap
         is worth nothing; the walk stops for an engine at its first missing block.
         """
-        matched: dict[str, int] = {}
-        alive: set[str] | None = None
-        for depth, block_hash in enumerate(chain):
-            holders = self._holders.get(block_hash)
-            if not holders:
-                break
-            alive = set(holders) if alive is None else alive & holders
-            if not alive:
-                break
-            for address in alive:
-                matched[address] = depth + 1
-        return matched
+        return leading_blocks(chain, self._holders)

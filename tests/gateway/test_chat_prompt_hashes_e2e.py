@@ -40,7 +40,7 @@ def test_gateway_chat_block_hashes_equal_the_engines_for_every_block(tmp_path, m
             inference = generate_pb2_grpc.InferenceServiceStub(channel)
             num_blocks = num_hit_requests = 0
             for request in chat_corpus(7):
-                ids = tokenizers.encode_chat(fingerprint, request)
+                ids = tokenizers.encode_chat(fingerprint, request).ids
                 chain = block_chain(ids, info.prefix_cache_root_hash, info.kv_block_size, "", request.cache_salt)
                 predicted = 0
                 cached = cached_set(control)

@@ -78,7 +78,7 @@ def test_gateway_block_hashes_equal_the_engines_for_every_block(tmp_path, model_
             inference = generate_pb2_grpc.InferenceServiceStub(channel)
             num_blocks = num_hit_requests = 0
             for text, salt, tenant in corpus(11):
-                ids = tokenizers.encode(fingerprint, text)
+                ids = tokenizers.encode(fingerprint, text).ids
                 chain = block_chain(ids, info.prefix_cache_root_hash, info.kv_block_size, tenant, salt)
                 predicted_hit = len(chain) and chain[0] in cached_set(control)
                 stopping = pb.StoppingCriteria(max_tokens=1, ignore_eos=True)

@@ -4,6 +4,7 @@ the same hashes for random prompts, salts and tenants, and only the blocks an en
 from __future__ import annotations
 
 import random
+from array import array
 
 from engines.kv.prefix_hash import block_hash, extra_keys, root_hash
 from gateway.routing.block_hashes import block_chain
@@ -24,7 +25,9 @@ def test_the_chain_equals_the_engines_for_random_prompts_salts_and_tenants():
         tokens = [rng.randrange(262144) for _ in range(rng.randrange(0, 100))]
         tenant = rng.choice(["", "key-abc", "ü"])
         salt = rng.choice(["", "s", "salt with spaces", "東京"])
-        assert block_chain(tokens, root, 16, tenant, salt) == engine_chain(tokens, root, 16, tenant, salt)
+        expected = engine_chain(tokens, root, 16, tenant, salt)
+        assert block_chain(tokens, root, 16, tenant, salt) == expected
+        assert block_chain(array("I", tokens), root, 16, tenant, salt) == expected  # the tokenizer's ids
 
 
 def test_the_block_holding_the_last_prompt_token_is_never_in_the_chain():
