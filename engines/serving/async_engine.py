@@ -248,11 +248,16 @@ class AsyncEngine:
                     return
                 if self.engine.has_work:
                     outputs = self.engine.step()
+                    # The step's cache events go out before its outputs: a client told that its
+                    # request ended (a one-token answer ends in its prefill step) then finds the
+                    # prompt's blocks in WatchKvEvents, never a snapshot from before them.
+                    self._publish()
                     if outputs:
                         self.loop.call_soon_threadsafe(self._deliver_step, outputs)
                     if self.on_step is not None:
                         self.on_step(self.engine)
-                self._publish()
+                else:
+                    self._publish()
             except Exception as error:  # a failing step must not hang its clients
                 logger.exception("engine step failed")
                 self._fail_running(error)
