@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from pathlib import Path
 
 from grpc import aio
@@ -25,6 +24,7 @@ from tests.support.gateway_processes import (
     free_port,
     stream_request,
 )
+from tests.support.waiting import wait_for
 
 SERVICE = "dpgate-engine.test"
 INTERVAL_S = 0.2
@@ -46,13 +46,6 @@ class LoopbackEngine(SyntheticEngineProcess):
 
     def served(self) -> float:
         return self.requests_total().get("GenerateStream", 0)
-
-
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 async def flow(address: str, stop: asyncio.Event, outcomes: list[str]) -> None:
