@@ -7,6 +7,8 @@ step of 16 sequences, 256: one prompt's prefill) on:
 
   gguf       dpgate's quant_linear over the GGUF grid as shipped (Q4_1 nibbles, Q8_0 bytes)
   gguf-gemv  the same kernel called once per row (what a GEMV-per-row prefill would cost)
+  int-dot    dpgate's int_linear over the same GGUF codes, activations quantized to int8 per 32
+             values, exact int32 sums (vpdpbusd with --isa avx512_vnni; `--quantization int-dot`)
   int8       dpgate's linear over int8 re-quantized per output row (the old served default)
   f32        dpgate's linear over the float32 dequantized weights
   torch-int4 torch.ops.aten._weight_int4pack_mm_for_cpu (what torchao's CPU int4 layout calls);
@@ -49,6 +51,7 @@ def build(shape, qtype, seed):
     dense_t = torch.from_numpy(dense)
     layer = {
         "gguf": kernels.pack_quantized(decode(raw, qtype, shape)),
+        "int-dot": kernels.pack_int_dot(decode(raw, qtype, shape)),
         "int8": kernels.pack_weight(*quantize_rows_int8(dense_t)),
         "f32": kernels.pack_weight(dense_t),
         "dense": dense_t,
@@ -70,7 +73,7 @@ def torch_int4(weight):
 
 
 def run(path, layer, x, isa):
-    if path in ("gguf", "int8", "f32"):
+    if path in ("gguf", "int8", "f32", "int-dot"):
         return kernels.linear(x, layer[path], isa)
     if path == "gguf-gemv":
         return torch.cat([kernels.linear(x[i : i + 1], layer["gguf"], isa) for i in range(x.shape[0])])
@@ -123,9 +126,10 @@ def main() -> None:
     reference = x.double() @ gate_up["dense"].double().T
     int4_error = (run("torch-int4", gate_up, x, args.isa).double() - reference).abs().max().item()
     gguf_error = (run("gguf", gate_up, x, args.isa).double() - reference).abs().max().item()
+    int_dot_error = (run("int-dot", gate_up, x, args.isa).double() - reference).abs().max().item()
     print(f"  gguf == f32 kernel on the dequantized grid: {exact}; max |error| vs float64: gguf {gguf_error:.2e}, "
-          f"torch-int4 {int4_error:.2e}")  # fmt: skip
-    paths = [p for p in ["gguf", "int8", "f32", "torch-int4", "torch-int8"] if p not in args.skip]
+          f"int-dot {int_dot_error:.2e}, torch-int4 {int4_error:.2e}")  # fmt: skip
+    paths = [p for p in ["gguf", "int-dot", "int8", "f32", "torch-int4", "torch-int8"] if p not in args.skip]
     print(f"{'rows':>5} " + " ".join(f"{p:>11}" for p in [*paths, "gguf-gemv"]) + "   (ms per step; tokens/s)")
     for rows in args.rows:
         gemv = ["gguf-gemv"] if rows > 1 and "gguf-gemv" not in args.skip else []

@@ -34,7 +34,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 PROMPT_TOKENS = 256
 MATMUL_OPS = frozenset(
-    {"dpgate::linear", "dpgate::quant_linear", "aten::linear", "aten::mm", "aten::addmm", "aten::matmul"}
+    {
+        "dpgate::linear",
+        "dpgate::quant_linear",
+        "dpgate::int_linear",
+        "aten::linear",
+        "aten::mm",
+        "aten::addmm",
+        "aten::matmul",
+    }
 )
 ATTENTION_OPS = frozenset(
     {"dpgate::attention", "aten::scaled_dot_product_attention", "aten::index_copy_", "aten::bmm", "aten::softmax"}

@@ -22,7 +22,8 @@ from engines.scheduling.scheduler import SchedulerConfig
 
 # Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
 DTYPES = (AUTO_DTYPE, "bfloat16", "float16", "float32")
-QUANTIZATIONS = ("none", "int8", "gguf")  # see engines/model/quantization.py and engines/kernels/gguf_blocks.py
+# see engines/model/quantization.py, engines/kernels/gguf_blocks.py and engines/kernels/csrc/int_linear.h
+QUANTIZATIONS = ("none", "int8", "gguf", "int-dot")
 DEFAULT_PORT = 50051
 # A StatefulSet pod's hostname is `<statefulset name>-<ordinal>`; the ordinal is the DP rank.
 _HOSTNAME_ORDINAL = re.compile(r"-(0|[1-9][0-9]*)$")
@@ -114,6 +115,8 @@ class EngineConfig:
             raise ConfigError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= 1")
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"--quantization {self.quantization} must be one of {', '.join(QUANTIZATIONS)}")
+        if self.quantization == "int-dot" and not self.batch_invariant:
+            raise ConfigError("--quantization int-dot needs the batch-invariant kernels; drop --no-batch-invariant")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
         if self.max_waiting < 0:
@@ -315,8 +318,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default="int8",
         help="weight storage: int8 (weight-only, one scale per output row; the default: the fastest measured), "
         "gguf (the GGUF's own quantized blocks as shipped, e.g. Q4_1, Q4_K: the file's grid exactly; layers in a "
-        "format without a kernel, and every layer under tensor parallelism or --no-batch-invariant, serve int8) "
-        "or none",
+        "format without a kernel, and every layer under tensor parallelism or --no-batch-invariant, serve int8), "
+        "int-dot (the GGUF's blocks times activations quantized to int8 per 32 values, exact integer sums; "
+        "needs the batch-invariant kernels) or none",
     )
     parser.add_argument(
         "--batch-invariant",

@@ -8,12 +8,15 @@ the thread split or the vector width can change its bits.
 
 Every function takes `isa`, the instruction set to run: "scalar" (the reference, any CPU),
 "avx2" or "avx512" (the matrix multiply and attention's value sums on sixteen lanes; the rest on
-AVX2's eight, attention's scores with AVX-512's 32 registers). All give the same bits. Which
-one the engine uses is decided once, in engines/model/numerics.py.
+AVX2's eight, attention's scores with AVX-512's 32 registers), or "avx512_vnni" (AVX-512's
+kernels, and vpdpbusd for the integer dot products of `IntDotWeight`; listed only after its
+start-up self-check passed). All give the same bits. Which one the engine uses is decided once,
+in engines/model/numerics.py.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
@@ -24,7 +27,9 @@ from engines.kernels.build import KernelBuildError, build
 from engines.kernels.gguf_blocks import GroupQuantized
 
 __all__ = [
+    "INT_DOT_BIAS",
     "PANEL_WIDTH",
+    "IntDotWeight",
     "KernelBuildError",
     "PackedWeight",
     "QuantizedWeight",
@@ -37,9 +42,12 @@ __all__ = [
     "linear_weights",
     "load",
     "mask_rows",
+    "pack_int_dot",
     "pack_quantized",
     "pack_weight",
+    "quantize_activations",
     "rms_norm",
+    "self_check",
     "signal_store",
     "signal_wait",
     "signal_wait_all",
@@ -47,8 +55,13 @@ __all__ = [
 ]
 
 PANEL_WIDTH = 16  # output columns per packed weight panel (kPanelWidth in csrc/kernels.h)
+INT_DOT_BIAS = 128  # signed byte codes q are stored as q + 128 for vpdpbusd's unsigned operand
+# Instruction sets served only after their self-check passed (csrc/int_self_check.cpp).
+_CHECKED_ISAS = ("avx512_vnni",)
+logger = logging.getLogger(__name__)
 _load_lock = threading.Lock()
 _loaded = False
+_usable_isas: tuple[str, ...] | None = None
 
 
 def load() -> None:
@@ -68,8 +81,35 @@ def _ops():
 
 
 def supported_isas() -> tuple[str, ...]:
-    """The instruction sets this CPU runs, from the slowest (the scalar reference) to the fastest."""
-    return tuple(_ops().supported_isas())
+    """The instruction sets this CPU runs, from the slowest (the scalar reference) to the fastest:
+    those its flags name, less any whose self-check failed (logged once a process)."""
+    global _usable_isas
+    if _usable_isas is None:
+        _usable_isas = usable_isas(tuple(_ops().supported_isas()), self_check)
+    return _usable_isas
+
+
+def usable_isas(flagged: tuple[str, ...], check) -> tuple[str, ...]:
+    """`flagged` less the sets in _CHECKED_ISAS whose `check(isa)` returns a reason; each one
+    dropped is logged with its reason and the set served instead."""
+    usable = []
+    for isa in flagged:
+        reason = check(isa) if isa in _CHECKED_ISAS else ""
+        if reason:
+            logger.warning(
+                "dpgate kernels: the CPU reports %s but its self-check failed (%s); serving %s instead",
+                isa, reason, usable[-1] if usable else "scalar",
+            )  # fmt: skip
+            continue
+        usable.append(isa)
+    return tuple(usable)
+
+
+def self_check(isa: str, inject_fault: bool = False) -> str:
+    """Run `isa`'s integer kernels on a fixed problem on this thread against the scalar
+    reference: "" when the bits agree, else why not (an illegal instruction is caught).
+    `inject_fault` changes one weight code for `isa`'s run (how the tests see a failure)."""
+    return str(_ops().isa_self_check(isa, inject_fault))
 
 
 class PackedWeight:
@@ -142,8 +182,57 @@ def pack_quantized(weight: GroupQuantized) -> QuantizedWeight:
     )  # fmt: skip
 
 
-def linear(x: torch.Tensor, weight: PackedWeight | QuantizedWeight, isa: str) -> torch.Tensor:
-    """x [..., K] (float32 or bfloat16) @ weight.T -> [..., N] in x's dtype, accumulated in float32."""
+class IntDotWeight:
+    """A block-quantized weight [N, K] laid out for csrc/int_linear.h's integer dot products:
+    unsigned codes u = q + bias (bias 0 for nibbles, INT_DOT_BIAS for signed bytes) in chunks of
+    four along k per column, bytes [P, K / 4, 16 * 4] uint8 or nibbles [P, K / 8, 16 * 4] (the
+    low nibble of a chunk's byte b is k = 8c + b, the high one 8c + 4 + b), and the
+    GroupQuantized's float32 scales/offsets [P, K / group, 16]. Packing moves integers and
+    floats without arithmetic, so the grid is the file's."""
+
+    __slots__ = ("bias", "codes", "group", "in_features", "nibbles", "offsets", "out_features", "scales")
+
+    def __init__(self, codes, scales, offsets, group: int, nibbles: bool, bias: int, out_features: int):
+        self.codes, self.scales, self.offsets, self.group = codes, scales, offsets, group
+        self.nibbles, self.bias, self.out_features = nibbles, bias, out_features
+        self.in_features = codes.shape[1] * (8 if nibbles else 4)
+
+    @property
+    def nbytes(self) -> int:
+        parts = [self.codes, self.scales] + ([self.offsets] if self.offsets is not None else [])
+        return sum(p.numel() * p.element_size() for p in parts)
+
+
+def pack_int_dot(weight: GroupQuantized) -> IntDotWeight:
+    """Lay a GroupQuantized out for the integer kernels (see IntDotWeight); K must be a multiple
+    of 32, the activations' group."""
+    rows, columns = weight.shape
+    if columns % 32:
+        raise ValueError(f"integer dot products need K a multiple of 32, the weight has {columns}")
+    if weight.nibbles:
+        codes, bias = _panels(weight.codes), 0
+        chunks = codes.reshape(codes.shape[0], columns // 8, 2, 4, PANEL_WIDTH)  # [P, chunk, half, b, column]
+        packed = chunks[:, :, 0] | (chunks[:, :, 1] << 4)
+    else:
+        bias = INT_DOT_BIAS
+        codes = _panels((weight.codes.astype(np.int16) + bias).astype(np.uint8))
+        packed = codes.reshape(codes.shape[0], columns // 4, 4, PANEL_WIDTH)
+    packed = np.ascontiguousarray(packed.transpose(0, 1, 3, 2)).reshape(packed.shape[0], packed.shape[1], -1)
+    offsets = None if weight.offsets is None else torch.from_numpy(_panels(weight.offsets))
+    return IntDotWeight(
+        torch.from_numpy(packed), torch.from_numpy(_panels(weight.scales)), offsets, weight.group, weight.nibbles,
+        bias, rows,
+    )  # fmt: skip
+
+
+def linear(x: torch.Tensor, weight: PackedWeight | QuantizedWeight | IntDotWeight, isa: str) -> torch.Tensor:
+    """x [..., K] (float32 or bfloat16) @ weight.T -> [..., N] in x's dtype, accumulated in float32
+    (IntDotWeight: activations quantized to int8 per row and 32 values, exact int32 sums)."""
+    if isinstance(weight, IntDotWeight):
+        return _ops().int_linear(
+            x, weight.codes, weight.scales, weight.offsets, weight.group, weight.nibbles, weight.bias,
+            weight.out_features, isa,
+        )  # fmt: skip
     if isinstance(weight, QuantizedWeight):
         return _ops().quant_linear(
             x, weight.codes, weight.scales, weight.offsets, weight.group, weight.out_features, isa
@@ -151,14 +240,25 @@ def linear(x: torch.Tensor, weight: PackedWeight | QuantizedWeight, isa: str) ->
     return _ops().linear(x, weight.panels, weight.scales, weight.out_features, isa)
 
 
-def linear_weights(parts: list[PackedWeight | QuantizedWeight]) -> torch.ScriptObject:
+def quantize_activations(x: torch.Tensor, isa: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the integer kernels multiply, for tests: x float32 [M, K] (K a multiple of 32) ->
+    codes int8 [M, K], scales float32 [M, K / 32], sums of the codes per 16 int32 [M, K / 16]
+    (csrc/int_linear.h states the rule)."""
+    return _ops().int_quantize(x, isa)
+
+
+def linear_weights(parts: list[PackedWeight | QuantizedWeight | IntDotWeight]) -> torch.ScriptObject:
     """One linear layer's row parts as a torch.classes.dpgate.LinearWeights: `.forward(x, isa)`
     runs them into one output (each part its own columns, no concatenation), and the fused
     decoder layer (engines/model/fused.py) runs them from C++."""
     _ops()
     weights = torch.classes.dpgate.LinearWeights(parts[0].in_features)
     for part in parts:
-        if isinstance(part, QuantizedWeight):
+        if isinstance(part, IntDotWeight):
+            weights.add_int_dot(
+                part.codes, part.scales, part.offsets, part.group, part.nibbles, part.bias, part.out_features
+            )  # fmt: skip
+        elif isinstance(part, QuantizedWeight):
             weights.add_quantized(part.codes, part.scales, part.offsets, part.group, part.out_features)
         else:
             weights.add_packed(part.panels, part.scales, part.out_features)

@@ -39,6 +39,7 @@ ISA_FLAGS = {
     "isa_scalar.cpp": (),
     "isa_avx2.cpp": ("-mavx2", "-mfma"),
     "isa_avx512.cpp": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"),
+    "isa_avx512_vnni.cpp": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx2", "-mfma"),
 }
 
 
@@ -61,9 +62,11 @@ def _compiler() -> str:
 
 
 def _sources() -> list[Path]:
-    names = [*TORCH_SOURCES, "isa_scalar.cpp"]
+    names = [*TORCH_SOURCES, "isa_scalar.cpp", "int_self_check.cpp"]
+    # Most basic instruction set first: where two files instantiate the same template (avx512's
+    # and avx512_vnni's float stores), the linker keeps the first object's copy.
     if platform.machine() in ("x86_64", "AMD64"):
-        names += ["isa_avx2.cpp", "isa_avx512.cpp"]
+        names += ["isa_avx2.cpp", "isa_avx512.cpp", "isa_avx512_vnni.cpp"]
     return [SOURCE_DIR / name for name in names]
 
 

@@ -3,7 +3,9 @@
 `use_invariant_kernels` swaps modules in place, the way quantization does: every bias-free
 nn.Linear (the tied lm_head included) becomes a `KernelLinear` over packed int8 (one scale per
 output row, symmetric max-abs / 127), unquantized weights, or (`--quantization gguf`) the GGUF's
-own quantized blocks (engines/kernels/gguf_blocks.py), every RMSNorm a `KernelRMSNorm`,
+own quantized blocks (engines/kernels/gguf_blocks.py), which `--quantization int-dot` multiplies
+by activations quantized to int8 with exact integer sums (csrc/int_linear.h; down_proj keeps
+float32 activations, see FLOAT_ACTIVATION_LAYERS), every RMSNorm a `KernelRMSNorm`,
 and every gated MLP computes activation(gate) * up in one kernel. Attention goes through the
 kernel when the runner's AttentionMetadata names an instruction set (engines/kv/attention.py).
 The model's own code is unchanged: the layers keep their names and call signatures.
@@ -20,13 +22,26 @@ from engines.model.gemma3 import GemmaRMSNorm
 from engines.model.llama import LlamaMLP, RMSNorm
 from engines.model.quantization import quantize_rows_int8
 
+# Under --quantization int-dot, the linear layers that keep float32 activations over the GGUF's
+# blocks: down_proj's inputs (the gated activations) have outliers that an 8-bit grid per 32
+# values loses; docs/engine.md gives the perplexity figures behind this choice.
+FLOAT_ACTIVATION_LAYERS = frozenset({"down_proj"})
+
 
 class KernelLinear(nn.Module):
     """y = x @ W.T through `kernels.linear`; W packed once: int8 with per-row scales, as loaded,
     or as the GGUF's blocks (`shipped`: row parts in order, one per format; each output column
-    is computed from its own part alone, so splitting W by rows changes no bit)."""
+    is computed from its own part alone, so splitting W by rows changes no bit). With `int_dot`
+    the GGUF's blocks are multiplied by int8 activations (kernels.IntDotWeight)."""
 
-    def __init__(self, linear: nn.Linear, quantization: str, isa: str, shipped: list[GroupQuantized] | None = None):
+    def __init__(
+        self,
+        linear: nn.Linear,
+        quantization: str,
+        isa: str,
+        shipped: list[GroupQuantized] | None = None,
+        int_dot: bool = False,
+    ):
         super().__init__()
         if linear.bias is not None:
             raise ValueError("KernelLinear supports linear layers without bias only")
@@ -37,13 +52,17 @@ class KernelLinear(nn.Module):
             }:
                 raise ValueError(f"GGUF weights {[p.shape for p in shipped]} do not fit a {self.out_features}x"
                                  f"{self.in_features} linear layer")  # fmt: skip
-            self.parts = [kernels.pack_quantized(p) for p in shipped]
-        elif quantization in ("int8", "gguf"):  # gguf without shipped blocks: the int8 fallback
+            pack = kernels.pack_int_dot if int_dot else kernels.pack_quantized
+            self.parts = [pack(p) for p in shipped]
+        elif quantization in ("int8", "gguf", "int-dot"):  # gguf without shipped blocks: the int8 fallback
             self.parts = [kernels.pack_weight(*quantize_rows_int8(linear.weight))]
         else:
             weight = linear.weight.detach()
             self.parts = [kernels.pack_weight(weight if weight.dtype == torch.bfloat16 else weight.float())]
-        self.storage = "gguf" if shipped is not None else ("none" if quantization == "none" else "int8")
+        if shipped is not None:
+            self.storage = "gguf/int-dot" if int_dot else "gguf"
+        else:
+            self.storage = "none" if quantization == "none" else "int8"
         self.isa = isa
         self.weights = kernels.linear_weights(self.parts)
 
@@ -81,13 +100,14 @@ def use_invariant_kernels(
     prefix: str = "",
 ) -> nn.Module:
     """Swap the model's linear layers, norms and MLP activations for the kernels', in place.
-    With quantization "gguf", `shipped` holds the GGUF's blocks by parameter name; a linear
-    layer missing from it is served on int8 (the loader logs why)."""
+    With quantization "gguf" or "int-dot", `shipped` holds the GGUF's blocks by parameter name; a
+    linear layer missing from it is served on int8 (the loader logs why)."""
     for name, child in list(model.named_children()):
         path = prefix + name
         if isinstance(child, nn.Linear) and child.bias is None:
-            blocks = (shipped or {}).get(path + ".weight") if quantization == "gguf" else None
-            setattr(model, name, KernelLinear(child, quantization, isa, blocks))
+            blocks = (shipped or {}).get(path + ".weight") if quantization in ("gguf", "int-dot") else None
+            int_dot = quantization == "int-dot" and name not in FLOAT_ACTIVATION_LAYERS
+            setattr(model, name, KernelLinear(child, quantization, isa, blocks, int_dot))
         elif isinstance(child, RMSNorm):
             setattr(model, name, KernelRMSNorm(child, isa))
         else:

@@ -7,7 +7,11 @@ so bfloat16 activations would add rounding without adding speed: auto picks floa
 `--no-batch-invariant` swaps them for torch's kernels, whose speed does depend on the dtype:
 there auto picks bfloat16 only where the CPU computes it natively (AVX512-BF16 or AMX), since
 elsewhere torch emulates bfloat16 matmuls 4.5 to 6.5x slower than float32. An explicit `--dtype`
-always wins. docs/engine.md says what each choice costs.
+always wins. `--quantization int-dot` (opt-in) multiplies the GGUF's blocks by activations
+quantized to int8 with exact integer sums (engines/kernels/csrc/int_linear.h) and needs the
+batch-invariant kernels; where the CPU has AVX512-VNNI and its self-check passed, the kernels run
+as avx512_vnni (vpdpbusd for those sums; every other kernel is avx512's code, so the choice
+changes no bit). docs/engine.md says what each choice costs.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ if TYPE_CHECKING:
     import torch
 
 AUTO_DTYPE = "auto"
-# Instruction sets of the kernels, fastest first (engines/kernels/build.py builds each).
-KERNEL_ISAS = ("avx512", "avx2", "scalar")
+INT_DOT = "int-dot"
+# Instruction sets of the kernels, fastest first (engines/kernels/build.py builds each);
+# avx512_vnni differs from avx512 only in the integer kernels.
+KERNEL_ISAS = ("avx512_vnni", "avx512", "avx2", "scalar")
 
 
 class NumericsError(ValueError):
@@ -32,7 +38,7 @@ class NumericsError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Numerics:
     dtype: str  # "float32", "bfloat16" or "float16": activations and the KV cache
-    quantization: str  # "int8" (weight-only, a scale per output row), "gguf" (the file's blocks) or "none"
+    quantization: str  # "int8" (a scale per output row), "gguf" (the file's blocks), "int-dot" or "none"
     batch_invariant: bool
     isa: str | None  # the kernels' instruction set when batch_invariant, else None
     reason: str  # why this dtype, in a few words, for the start-up log
@@ -64,6 +70,8 @@ def choose_numerics(
         if dtype == "bfloat16" and not cpu.has_native_bf16:
             reason += "; this CPU emulates bfloat16 arithmetic"
     if not batch_invariant:
+        if quantization == INT_DOT:
+            raise NumericsError("--quantization int-dot needs the batch-invariant kernels; drop --no-batch-invariant")
         return Numerics(dtype, quantization, False, None, reason)
     if dtype == "float16":
         raise NumericsError("--dtype float16 is not supported by the batch-invariant kernels; use --no-batch-invariant")

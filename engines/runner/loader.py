@@ -90,11 +90,12 @@ def load_for_serving(
 def shipped_weights(
     source: ModelSource, numerics: Numerics, shard: RankShard | None = None
 ) -> dict[str, list[GroupQuantized]] | None:
-    """For `--quantization gguf`: the GGUF's quantized linear weights by parameter name, or None
-    where they cannot be served as shipped (then every linear layer is int8, and the log says why).
-    Weights in a format without a kernel are left out (int8 too), each named in the log."""
-    if numerics.quantization != "gguf":
+    """For `--quantization gguf` and `int-dot`: the GGUF's quantized linear weights by parameter
+    name, or None where they cannot be served as shipped (then every linear layer is int8, and the
+    log says why). Weights in a format without a kernel are left out (int8 too), each named in the log."""
+    if numerics.quantization not in ("gguf", "int-dot"):
         return None
+    flag = f"--quantization {numerics.quantization}"
     reason = None
     if source.kind is not SourceKind.GGUF:
         reason = "the checkpoint is not a GGUF file"
@@ -103,20 +104,20 @@ def shipped_weights(
     elif shard is not None:
         reason = "tensor-parallel ranks shard the dequantized weights"
     if reason is not None:
-        logger.warning("--quantization gguf: %s; serving every linear layer on int8 instead", reason)
+        logger.warning("%s: %s; serving every linear layer on int8 instead", flag, reason)
         return None
     with GGUFFile(source.path) as gguf:
         config = read_model_config(source, gguf)
         weights, left_out = gguf_quantized_weights(gguf, config)
     for line in left_out:
-        logger.warning("--quantization gguf: %s; this layer is served on int8", line)
-    logger.info("--quantization gguf: %d linear weights served as shipped, %d on int8", len(weights), len(left_out))
+        logger.warning("%s: %s; this layer is served on int8", flag, line)
+    logger.info("%s: %d linear weights served as shipped, %d on int8", flag, len(weights), len(left_out))
     return weights
 
 
 def apply_numerics(loaded: LoadedModel, numerics: Numerics) -> LoadedModel:
     """Quantize and swap in the chosen kernels, in place; the runner reads `numerics` back.
-    `--quantization gguf` reads the GGUF's own blocks again (`shipped_weights`)."""
+    `--quantization gguf` and `int-dot` read the GGUF's own blocks again (`shipped_weights`)."""
     if loaded.dtype != numerics.torch_dtype:
         raise ValueError(f"model loaded in {loaded.dtype}, numerics want {numerics.dtype}")
     shipped = shipped_weights(loaded.source, numerics, loaded.shard)
@@ -135,7 +136,7 @@ def apply_numerics(loaded: LoadedModel, numerics: Numerics) -> LoadedModel:
         use_invariant_kernels(loaded.model, numerics.quantization, numerics.isa, shipped)
         if loaded.shard is None and loaded.dtype == torch.float32:
             fuse_decoder_layers(loaded.model, numerics.isa)
-    elif numerics.quantization in ("int8", "gguf"):
+    elif numerics.quantization in ("int8", "gguf"):  # choose_numerics refuses int-dot here
         quantize_int8_weight_only(loaded.model)
     return replace(loaded, numerics=numerics)
 

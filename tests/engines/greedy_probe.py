@@ -1,6 +1,7 @@
-"""`python -m tests.engines.greedy_probe ISA`: greedy tokens and logprobs of a few prompts from
-SmolLM2 in the served default, its kernels capped at ISA, printed as JSON (one child process per
-instruction set, so torch's own vector code can be capped too with ATEN_CPU_CAPABILITY)."""
+"""`python -m tests.engines.greedy_probe ISA [QUANTIZATION]`: greedy tokens and logprobs of a few
+prompts from SmolLM2 in the served default (or with --quantization QUANTIZATION), its kernels
+capped at ISA, printed as JSON (one child process per instruction set, so torch's own vector
+code can be capped too with ATEN_CPU_CAPABILITY)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from engines.serving.request_builder import ModelLimits, build_sequence
 PROMPTS = ["The history of the printing press begins", "def quicksort(items):", "Le chat est assis sur"]
 
 
-def main(isa: str) -> None:
+def main(isa: str, quantization: str = "int8") -> None:
     isas = tuple(name for name in KERNEL_ISAS[KERNEL_ISAS.index(isa) :] if name in kernels.supported_isas())
-    numerics = choose_numerics("auto", "int8", True, cpu_info(), isas)
+    numerics = choose_numerics("auto", quantization, True, cpu_info(), isas)
     loaded = load_for_serving(resolve_model("smollm2-135m-instruct"), numerics)
     engine = LLMEngine(ModelRunner(loaded, 256))
     limits = ModelLimits("m", loaded.config.vocab_size, 256, loaded.tokenizer.eos_token_ids)
@@ -45,4 +46,4 @@ def main(isa: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:3])

@@ -288,6 +288,7 @@ TORCH_LIBRARY_FRAGMENT(dpgate, m) {
       .def(torch::init<int64_t>())
       .def("add_packed", &dpgate::LinearWeights::add_packed)
       .def("add_quantized", &dpgate::LinearWeights::add_quantized)
+      .def("add_int_dot", &dpgate::LinearWeights::add_int_dot)
       .def("forward", &dpgate::LinearWeights::forward)
       .def("in_features", &dpgate::LinearWeights::in_features)
       .def("out_features", &dpgate::LinearWeights::out_features);

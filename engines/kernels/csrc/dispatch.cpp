@@ -18,6 +18,7 @@ bool cpu_has(const char* feature) {
   if (std::string(feature) == "avx512")
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (std::string(feature) == "avx512_vnni") return cpu_has("avx512") && __builtin_cpu_supports("avx512vnni");
 #endif
   return false;
 }
@@ -31,6 +32,12 @@ Isa parse_isa(const std::string& name) {
   if (name == "avx512") {
     TORCH_CHECK(cpu_has("avx512"), "dpgate kernels: this CPU lacks AVX-512 (F, BW)");
     return Isa::kAvx512;
+  }
+  if (name == "avx512_vnni") {
+    TORCH_CHECK(cpu_has("avx512_vnni"), "dpgate kernels: this CPU lacks AVX512-VNNI");
+    static const std::string problem = int_self_check(Isa::kAvx512Vnni, false);  // once a process
+    TORCH_CHECK(problem.empty(), "dpgate kernels: avx512_vnni failed its self-check (", problem, ")");
+    return Isa::kAvx512Vnni;
   }
   TORCH_CHECK(false, "dpgate kernels: unknown instruction set '", name, "'");
 }
@@ -68,7 +75,8 @@ void launch_linear(Isa isa, const LinearArgs& args) {
     case Isa::kScalar: plan = scalar::linear_plan(M, N, threads); break;
 #if defined(__x86_64__)
     case Isa::kAvx2: plan = avx2::linear_plan(M, N, threads); break;
-    case Isa::kAvx512: plan = avx512::linear_plan(M, N, threads); break;
+    case Isa::kAvx512:
+    case Isa::kAvx512Vnni: plan = avx512::linear_plan(M, N, threads); break;
 #else
     default: TORCH_CHECK(false, "dpgate kernels: x86 instruction sets on a non-x86 build");
 #endif
@@ -78,7 +86,8 @@ void launch_linear(Isa isa, const LinearArgs& args) {
       case Isa::kScalar: return scalar::linear(args, plan, begin, end);
 #if defined(__x86_64__)
       case Isa::kAvx2: return avx2::linear(args, plan, begin, end);
-      case Isa::kAvx512: return avx512::linear(args, plan, begin, end);
+      case Isa::kAvx512:
+      case Isa::kAvx512Vnni: return avx512::linear(args, plan, begin, end);
 #else
       default: return;
 #endif
@@ -100,6 +109,7 @@ void launch_quant_linear(Isa isa, const QuantLinearArgs& args) {
       plan = args.gemm ? avx2::linear_plan(M, N, threads) : avx2::quant_linear_plan(M, N, threads);
       break;
     case Isa::kAvx512:
+    case Isa::kAvx512Vnni:
       plan = args.gemm ? avx512::linear_plan(M, N, threads) : avx512::quant_linear_plan(M, N, threads);
       break;
 #else
@@ -111,7 +121,51 @@ void launch_quant_linear(Isa isa, const QuantLinearArgs& args) {
       case Isa::kScalar: return scalar::quant_linear(args, plan, begin, end);
 #if defined(__x86_64__)
       case Isa::kAvx2: return avx2::quant_linear(args, plan, begin, end);
-      case Isa::kAvx512: return avx512::quant_linear(args, plan, begin, end);
+      case Isa::kAvx512:
+      case Isa::kAvx512Vnni: return avx512::quant_linear(args, plan, begin, end);
+#else
+      default: return;
+#endif
+    }
+  });
+}
+
+void launch_int_quantize(Isa isa, const IntActs& args) {
+  at::parallel_for(0, args.M, 8, [&](int64_t begin, int64_t end) {
+    switch (isa) {
+      case Isa::kScalar: return scalar::int_quantize(args, begin, end);
+#if defined(__x86_64__)
+      case Isa::kAvx2: return avx2::int_quantize(args, begin, end);
+      case Isa::kAvx512: return avx512::int_quantize(args, begin, end);
+      case Isa::kAvx512Vnni: return avx512_vnni::int_quantize(args, begin, end);
+#else
+      default: return;
+#endif
+    }
+  });
+}
+
+void launch_int_linear(Isa isa, const IntLinearArgs& args) {
+  if (args.M == 0) return;
+  const int64_t M = args.M, N = args.N, threads = at::get_num_threads();
+  LinearPlan plan{};
+  switch (isa) {
+    case Isa::kScalar: plan = scalar::int_linear_plan(M, N, threads); break;
+#if defined(__x86_64__)
+    case Isa::kAvx2: plan = avx2::int_linear_plan(M, N, threads); break;
+    case Isa::kAvx512: plan = avx512::int_linear_plan(M, N, threads); break;
+    case Isa::kAvx512Vnni: plan = avx512_vnni::int_linear_plan(M, N, threads); break;
+#else
+    default: TORCH_CHECK(false, "dpgate kernels: x86 instruction sets on a non-x86 build");
+#endif
+  }
+  at::parallel_for(0, num_tiles(plan, args.N), 1, [&](int64_t begin, int64_t end) {
+    switch (isa) {
+      case Isa::kScalar: return scalar::int_linear(args, plan, begin, end);
+#if defined(__x86_64__)
+      case Isa::kAvx2: return avx2::int_linear(args, plan, begin, end);
+      case Isa::kAvx512: return avx512::int_linear(args, plan, begin, end);
+      case Isa::kAvx512Vnni: return avx512_vnni::int_linear(args, plan, begin, end);
 #else
       default: return;
 #endif
@@ -144,7 +198,7 @@ void launch_attention(Isa isa, const AttentionArgs& query_args) {
     for (int64_t share = begin; share < end; ++share) {
       if (isa == Isa::kScalar) scalar::attention(args, share, items, shares);
 #if defined(__x86_64__)
-      else if (isa == Isa::kAvx512) avx512::attention(args, share, items, shares);
+      else if (isa == Isa::kAvx512 || isa == Isa::kAvx512Vnni) avx512::attention(args, share, items, shares);
       else avx2::attention(args, share, items, shares);
 #endif
     }

@@ -1,6 +1,7 @@
 // The kernels on AVX2 + FMA: eight float32 lanes per register. Compiled with -mavx2 -mfma.
 #include "attention.h"
 #include "dcp.h"
+#include "int_linear.h"
 #include "linear.h"
 #include "norm.h"
 #include "quant_linear.h"
@@ -45,6 +46,26 @@ void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t t
 #define DPGATE_CALL(MR, NV) \
   if (plan.rows == MR && plan.vectors == NV) return quant_dispatch<Avx2, MR, NV>(args, tile_begin, tile_end);
   DPGATE_AVX2_QUANT_TILES(DPGATE_CALL)
+#undef DPGATE_CALL
+}
+
+void int_quantize(const IntActs& args, int64_t row_begin, int64_t row_end) {
+  int_quantize_rows<IntAvx2>(args, row_begin, row_end);
+}
+
+// Integer tiles hold float and int32 accumulators, and two registers per weight vector.
+#define DPGATE_AVX2_INT_TILES(X) X(1, 4) X(1, 3) X(1, 2) X(2, 2) X(4, 1)
+
+LinearPlan int_linear_plan(int64_t M, int64_t N, int64_t threads) {
+  if (M >= 4) return {4, 1, 8};
+  if (M >= 2) return {2, 2, 8};
+  return {1, balanced_vectors({4, 3, 2}, N, 8, threads), 8};
+}
+
+void int_linear(const IntLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
+#define DPGATE_CALL(MR, NV) \
+  if (plan.rows == MR && plan.vectors == NV) return int_dispatch<IntAvx2, MR, NV>(args, tile_begin, tile_end);
+  DPGATE_AVX2_INT_TILES(DPGATE_CALL)
 #undef DPGATE_CALL
 }
 

@@ -4,6 +4,7 @@
 // values) does not depend on the lane count, and attention's scores and softmax stay on eight
 // lanes, where AVX-512VL gives them 32 registers instead of AVX2's 16.
 #include "attention.h"
+#include "int_linear.h"
 #include "linear.h"
 #include "quant_linear.h"
 
@@ -47,6 +48,25 @@ void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t t
 #define DPGATE_CALL(MR, NV) \
   if (plan.rows == MR && plan.vectors == NV) return quant_dispatch<Avx512, MR, NV>(args, tile_begin, tile_end);
   DPGATE_AVX512_QUANT_TILES(DPGATE_CALL)
+#undef DPGATE_CALL
+}
+
+void int_quantize(const IntActs& args, int64_t row_begin, int64_t row_end) {
+  int_quantize_rows<IntAvx512>(args, row_begin, row_end);
+}
+
+#define DPGATE_AVX512_INT_TILES(X) X(1, 4) X(1, 3) X(1, 2) X(2, 4) X(4, 2)
+
+LinearPlan int_linear_plan(int64_t M, int64_t N, int64_t threads) {
+  if (M >= 4) return {4, 2, 16};
+  if (M >= 2) return {2, 4, 16};
+  return {1, balanced_vectors({4, 3, 2}, N, 16, threads), 16};
+}
+
+void int_linear(const IntLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
+#define DPGATE_CALL(MR, NV) \
+  if (plan.rows == MR && plan.vectors == NV) return int_dispatch<IntAvx512, MR, NV>(args, tile_begin, tile_end);
+  DPGATE_AVX512_INT_TILES(DPGATE_CALL)
 #undef DPGATE_CALL
 }
 

@@ -3,6 +3,7 @@
 // instruction set must give these bits; they also serve CPUs that have neither AVX2 nor FMA.
 #include "attention.h"
 #include "dcp.h"
+#include "int_linear.h"
 #include "linear.h"
 #include "norm.h"
 #include "quant_linear.h"
@@ -22,6 +23,17 @@ void quant_linear(const QuantLinearArgs& args, const LinearPlan& plan, int64_t t
   if (args.gemm) return quant_gemm_dispatch<Scalar8, 4, 2>(args, tile_begin, tile_end);  // linear_plan(M >= 4)
   if (plan.rows == 4) return quant_dispatch<Scalar8, 4, 2>(args, tile_begin, tile_end);
   return quant_dispatch<Scalar8, 1, 2>(args, tile_begin, tile_end);
+}
+
+void int_quantize(const IntActs& args, int64_t row_begin, int64_t row_end) {
+  int_quantize_rows<IntScalar8>(args, row_begin, row_end);
+}
+
+LinearPlan int_linear_plan(int64_t M, int64_t, int64_t) { return M >= 4 ? LinearPlan{4, 2, 8} : LinearPlan{1, 2, 8}; }
+
+void int_linear(const IntLinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end) {
+  if (plan.rows == 4) return int_dispatch<IntScalar8, 4, 2>(args, tile_begin, tile_end);
+  return int_dispatch<IntScalar8, 1, 2>(args, tile_begin, tile_end);
 }
 
 void attention(const AttentionArgs& args, int64_t item_begin, int64_t item_end, int64_t item_step) {

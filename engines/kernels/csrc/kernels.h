@@ -1,9 +1,10 @@
 // The batch-invariant kernels' interface: plain structs of pointers and sizes, no torch.
 //
-// Each instruction set's translation unit (isa_scalar.cpp, isa_avx2.cpp, isa_avx512.cpp)
-// implements these functions in its own namespace; ops.cpp checks tensors, splits the work
-// over torch's threads and calls the set the caller chose. A row's result never depends on how
-// the work was split or on the other rows: see the rule stated in each kernel's header.
+// Each instruction set's translation unit (isa_scalar.cpp, isa_avx2.cpp, isa_avx512.cpp, and
+// isa_avx512_vnni.cpp for the integer kernels) implements these functions in its own namespace;
+// ops.cpp checks tensors, splits the work over torch's threads and calls the set the caller chose.
+// A row's result never depends on how the work was split or on the other rows: see the rule
+// stated in each kernel's header.
 #pragma once
 
 #include <algorithm>
@@ -12,6 +13,10 @@
 namespace dpgate {
 
 enum class DType : int { kFloat32 = 0, kBFloat16 = 1, kInt8 = 2 };
+
+// The instruction sets (dispatch.h parses their names). kAvx512Vnni runs AVX-512's kernels, and
+// the integer kernels with vpdpbusd.
+enum class Isa { kScalar, kAvx2, kAvx512, kAvx512Vnni };
 
 // Weights are packed in panels of 16 output columns: packed[n / 16][k][n % 16], zero padded.
 constexpr int64_t kPanelWidth = 16;
@@ -48,6 +53,39 @@ struct QuantLinearArgs {
 
 // Row counts from which quant_linear takes the GEMM-shaped path.
 constexpr int64_t kQuantGemmRows = 8;
+
+// Integer dot products (int_linear.h): activations quantized per row and per group of
+// kActGroup values along k to int8 codes with a float32 scale, multiplied by a GGUF's weight
+// codes with exact int32 sums per weight group.
+constexpr int64_t kActGroup = 32;
+
+struct IntActs {
+  const float* a;  // [M, K] float32 activations, row stride lda
+  int64_t lda;
+  int8_t* codes;   // [M, K]: round(x * 127 / amax), in -127..127
+  float* scales;   // [M, K / kActGroup]: amax / 127 per group (0 for a group of zeros)
+  int32_t* sums;   // [M, K / 16]: the sum of the codes of each 16 values
+  int64_t M, K;
+};
+
+struct IntLinearArgs {
+  const int8_t* codes;      // IntActs' codes, scales and sums, M rows
+  const float* act_scales;
+  const int32_t* act_sums;
+  // Unsigned weight codes u = q + bias in chunks of four along k per column: bytes
+  // [P, K / 4, 16, 4] (byte b of column j in chunk c is k = 4c + b), or nibbles [P, K / 8, 16, 4]
+  // (the low nibble of byte b is k = 8c + b, the high one k = 8c + 4 + b).
+  const uint8_t* q;
+  bool nibbles;
+  int32_t bias;           // 0 (nibbles 0..15) or 128 (signed bytes stored as q + 128)
+  int64_t group;          // weights per scale along k (16 or 32)
+  const float* scales;    // D: [P, K / group, 16]
+  const float* offsets;   // M: like scales, or nullptr for M = 0
+  void* out;              // [M, N] of out_type, row stride ldo
+  DType out_type;
+  int64_t ldo;
+  int64_t M, N, K;
+};
 
 // How the output is cut into tiles: `rows` x `vectors` registers of `lanes` columns.
 struct LinearPlan {
@@ -145,9 +183,22 @@ struct ActArgs {
   void dcp_combine(const CombineArgs& args, int64_t row_begin, int64_t row_end);      \
   }
 
+// The integer kernels, in every instruction set's namespace (avx512_vnni has only these).
+#define DPGATE_DECLARE_INT_KERNELS(ns)                                                          \
+  namespace ns {                                                                                \
+  void int_quantize(const IntActs& args, int64_t row_begin, int64_t row_end);                   \
+  LinearPlan int_linear_plan(int64_t M, int64_t N, int64_t threads);                            \
+  void int_linear(const IntLinearArgs& args, const LinearPlan& plan, int64_t tile_begin,        \
+                  int64_t tile_end);                                                            \
+  }
+
 DPGATE_DECLARE_KERNELS(scalar)
+DPGATE_DECLARE_INT_KERNELS(scalar)
 #if defined(__x86_64__)
 DPGATE_DECLARE_KERNELS(avx2)
+DPGATE_DECLARE_INT_KERNELS(avx2)
+DPGATE_DECLARE_INT_KERNELS(avx512)
+DPGATE_DECLARE_INT_KERNELS(avx512_vnni)
 namespace avx512 {
 LinearPlan linear_plan(int64_t M, int64_t N, int64_t threads);
 void linear(const LinearArgs& args, const LinearPlan& plan, int64_t tile_begin, int64_t tile_end);

@@ -30,7 +30,20 @@ std::vector<std::string> supported_isas() {
   std::vector<std::string> names{"scalar"};
   if (cpu_has("avx2")) names.emplace_back("avx2");
   if (cpu_has("avx512")) names.emplace_back("avx512");
+  if (cpu_has("avx512_vnni")) names.emplace_back("avx512_vnni");
   return names;
+}
+
+// "" when `isa`'s integer kernels gave the scalar reference's bits on this CPU (dispatch.h).
+std::string isa_self_check(const std::string& isa_name, bool inject_fault) {
+  Isa isa = Isa::kScalar;
+  if (isa_name == "avx512_vnni") {
+    TORCH_CHECK(cpu_has("avx512_vnni"), "dpgate kernels: this CPU lacks AVX512-VNNI");
+    isa = Isa::kAvx512Vnni;
+  } else {
+    isa = parse_isa(isa_name);
+  }
+  return int_self_check(isa, inject_fault);
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& scales,
@@ -46,6 +59,31 @@ at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, const at::
                         const std::string& isa_name) {
   const LinearPart part = quantized_part(codes, scales, offsets, group, out_features);
   return run_parts(parse_isa(isa_name), {part}, part_in_features(part), out_features, x);
+}
+
+// Integer dot products (int_linear.h): codes uint8 [P, K / 4 or K / 8 (nibbles), 64], scales and
+// offsets float32 [P, K / group, 16] (offsets optional), u = q + bias.
+at::Tensor int_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                      const std::optional<at::Tensor>& offsets, int64_t group, bool nibbles, int64_t bias,
+                      int64_t out_features, const std::string& isa_name) {
+  const LinearPart part = int_dot_part(codes, scales, offsets, group, nibbles, bias, out_features);
+  return run_parts(parse_isa(isa_name), {part}, part_in_features(part), out_features, x);
+}
+
+// The integer kernels' activation quantization alone (int_linear.h), for tests: x float32
+// [M, K], K a multiple of 32 -> codes int8 [M, K], scales float32 [M, K / 32], sums int32 [M, K / 16].
+std::tuple<at::Tensor, at::Tensor, at::Tensor> int_quantize(const at::Tensor& x, const std::string& isa_name) {
+  const Isa isa = parse_isa(isa_name);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.size(1) % kActGroup == 0,
+              "dpgate int_quantize: x must be float32 [M, K] with K a multiple of ", kActGroup);
+  const at::Tensor a = x.contiguous();
+  const int64_t M = a.size(0), K = a.size(1);
+  at::Tensor codes = at::empty({M, K}, a.options().dtype(at::kChar));
+  at::Tensor scales = at::empty({M, K / kActGroup}, a.options());
+  at::Tensor sums = at::empty({M, K / 16}, a.options().dtype(at::kInt));
+  launch_int_quantize(isa, {a.data_ptr<float>(), K, codes.data_ptr<int8_t>(), scales.data_ptr<float>(),
+                            sums.data_ptr<int32_t>(), M, K});
+  return {codes, scales, sums};
 }
 
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& key_cache,
@@ -273,6 +311,12 @@ TORCH_LIBRARY(dpgate, m) {
       "quant_linear(Tensor x, Tensor codes, Tensor scales, Tensor? offsets, int group, int out_features, "
       "str isa) -> Tensor",
       &dpgate::quant_linear);
+  m.def(
+      "int_linear(Tensor x, Tensor codes, Tensor scales, Tensor? offsets, int group, bool nibbles, int bias, "
+      "int out_features, str isa) -> Tensor",
+      &dpgate::int_linear);
+  m.def("isa_self_check(str isa, bool inject_fault) -> str", &dpgate::isa_self_check);
+  m.def("int_quantize(Tensor x, str isa) -> (Tensor, Tensor, Tensor)", &dpgate::int_quantize);
   m.def(
       "attention(Tensor q, Tensor key_cache, Tensor value_cache, Tensor block_tables, Tensor token_seq, "
       "Tensor positions, int block_size, float scale, int window, str isa, int dcp_size, int dcp_rank, "

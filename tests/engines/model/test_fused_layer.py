@@ -1,6 +1,7 @@
 """The fused decoder layer (engines/model/fused.py) gives the module path's bits: the same
 logits, compared with torch.equal, for both packaged models, on every instruction set, in
-prefill chunks, decodes and mixed steps, on int8 and on the GGUF's own blocks."""
+prefill chunks, decodes and mixed steps, on int8 and on the GGUF's own blocks (with float32 or,
+under int-dot, int8 activations)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,12 @@ def logits_of(loaded, fused: bool) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize(
     "model, quantization",
-    [("smollm2-135m-instruct", "int8"), ("smollm2-135m-instruct", "gguf"), ("gemma3-270m", "int8")],
+    [
+        ("smollm2-135m-instruct", "int8"),
+        ("smollm2-135m-instruct", "gguf"),
+        ("smollm2-135m-instruct", "int-dot"),
+        ("gemma3-270m", "int8"),
+    ],
 )
 @pytest.mark.e2e
 def test_the_fused_layer_gives_the_module_paths_bits(model, quantization):

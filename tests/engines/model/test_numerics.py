@@ -54,3 +54,15 @@ def test_cpuinfo_parsing_takes_the_first_processor():
     cpu = parse_cpuinfo(text)
     assert (cpu.model, cpu.has_avx2, cpu.has_avx512, cpu.has_native_bf16) == ("AMD EPYC 7B13", True, False, False)
     assert cpu.describe() == "AMD EPYC 7B13 (AVX2 yes, FMA yes, AVX-512 no, AVX512-BF16 no, AMX no)"
+
+
+def test_int_dot_needs_the_batch_invariant_kernels_and_takes_vnni_where_it_passed_its_check():
+    with pytest.raises(NumericsError, match="--quantization int-dot needs the batch-invariant kernels"):
+        choose_numerics("auto", "int-dot", False, ZEN4)
+    isas = ("scalar", "avx2", "avx512", "avx512_vnni")
+    numerics = choose_numerics("auto", "int-dot", True, ZEN4, isas)
+    assert (numerics.quantization, numerics.kernels) == ("int-dot", "batch-invariant/avx512_vnni")
+    # avx512_vnni is avx512's code outside the integer kernels: the default takes it too, and
+    # without it (a CPU without the flag, or a failed self-check) avx512 serves.
+    assert choose_numerics("auto", "int8", True, ZEN4, isas).isa == "avx512_vnni"
+    assert choose_numerics("auto", "int-dot", True, ZEN4, isas[:3]).isa == "avx512"

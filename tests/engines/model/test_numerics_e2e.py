@@ -20,6 +20,7 @@ from tests.support.processes import free_port, running
         (["--dtype", "bfloat16"], "bfloat16", True),
         (["--no-batch-invariant"], "bfloat16" if cpu_info().has_native_bf16 else "float32", False),
         (["--no-batch-invariant", "--dtype", "float32", "--quantization", "none"], "float32", False),
+        (["--quantization", "int-dot"], "float32", True),  # a safetensors model: its layers serve int8, logged
     ],
 )
 def test_the_engine_reports_its_numerics(tiny_model_dir, tmp_path, flags, dtype, batch_invariant):
@@ -31,6 +32,7 @@ def test_the_engine_reports_its_numerics(tiny_model_dir, tmp_path, flags, dtype,
             pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 6, 7]), stopping=pb.StoppingCriteria(max_tokens=4))
         )
     assert (info.dtype, info.batch_invariant) == (dtype, batch_invariant)
+    assert info.quantization == (flags[flags.index("--quantization") + 1] if "--quantization" in flags else "int8")
     assert info.kernels.startswith("batch-invariant/") if batch_invariant else info.kernels == "torch"
     assert info.cpu == cpu_info().describe()
     assert len(reply.token_ids) == 4

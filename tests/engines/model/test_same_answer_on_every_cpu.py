@@ -18,12 +18,12 @@ from engines import kernels
 pytestmark = pytest.mark.e2e  # every test here starts a process
 
 # torch's own dispatch level for each kernel instruction set ("default" is its baseline code).
-ATEN_CAPABILITY = {"avx512": "avx512", "avx2": "avx2", "scalar": "default"}
+ATEN_CAPABILITY = {"avx512_vnni": "avx512", "avx512": "avx512", "avx2": "avx2", "scalar": "default"}
 
 
-def probe(isa: str) -> dict:
+def probe(isa: str, quantization: str = "int8") -> dict:
     env = dict(os.environ, ATEN_CPU_CAPABILITY=ATEN_CAPABILITY[isa])
-    command = [sys.executable, "-m", "tests.engines.greedy_probe", isa]
+    command = [sys.executable, "-m", "tests.engines.greedy_probe", isa, quantization]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=True)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -35,3 +35,11 @@ def test_every_instruction_set_gives_the_same_tokens_and_logprobs():
     assert len(reference) == 3 and all(len(tokens) == 12 for tokens in reference.values())
     for isa, result in results.items():
         assert result["outputs"] == reference, f"{isa} differs from the scalar reference"
+
+
+def test_int_dot_gives_the_same_tokens_and_logprobs_on_every_instruction_set():
+    """The integer sums are the same integers on every set (vpdpbusd, widening, scalar)."""
+    results = {isa: probe(isa, "int-dot") for isa in kernels.supported_isas()}
+    reference = results["scalar"]["outputs"]
+    for isa, result in results.items():
+        assert result["outputs"] == reference, f"{isa} differs from the scalar reference under int-dot"

@@ -66,6 +66,10 @@ def bad_flag_cases(tmp_path):
             ["--tensor-parallel-size", "2", "--decode-context-parallel-size", "2", "--no-batch-invariant"],
             "--decode-context-parallel-size above 1 needs the batch-invariant kernels",
         ),
+        (
+            ["--quantization", "int-dot", "--no-batch-invariant"],
+            "--quantization int-dot needs the batch-invariant kernels; drop --no-batch-invariant",
+        ),
         (["--worker-step-timeout", "0"], "--worker-step-timeout 0.0 must be > 0"),
         (
             ["--chat-template", str(tmp_path / "missing.jinja")],

@@ -54,6 +54,26 @@ def test_smollm2_serves_every_linear_layer_from_its_blocks_with_the_dequantized_
     assert torch.equal(runner.forward(PROMPT[5:], 5), expected)
 
 
+@pytest.mark.e2e
+def test_smollm2_int_dot_serves_every_layer_but_down_proj_on_integer_sums_batch_invariantly(smollm2):
+    served = load_with_kernels(smollm2, "batch-invariant", quantization="int-dot")
+    linears = {name: m for name, m in served.model.named_modules() if isinstance(m, KernelLinear)}
+    assert len(linears) == 4 * served.config.num_layers + 1
+    assert {m.storage for name, m in linears.items() if name.endswith("down_proj")} == {"gguf"}
+    assert {m.storage for name, m in linears.items() if not name.endswith("down_proj")} == {"gguf/int-dot"}
+    assert all(layer.fused is not None for layer in served.model.layers)
+    expected = ModelRunner(served, 64).forward(PROMPT, 0)
+    # Close to the float32 activations over the same blocks, and the same next token.
+    float_path = ModelRunner(load_with_kernels(smollm2, "batch-invariant", quantization="gguf"), 64).forward(PROMPT, 0)
+    assert torch.argmax(expected[-1]) == torch.argmax(float_path[-1])
+    assert (expected - float_path).abs().max() < 0.05 * float_path.abs().max()
+    runner = ModelRunner(served, 64, num_blocks=16)
+    before, after = ChunkInput(PROMPT[::-1] * 3, 0, range(4, 7)), ChunkInput(PROMPT[:7], 0, range(8, 9))
+    assert torch.equal(runner.execute([before, ChunkInput(PROMPT, 0, range(2)), after])[1], expected)
+    runner.forward(PROMPT[:5], 0)
+    assert torch.equal(runner.forward(PROMPT[5:], 5), expected)
+
+
 def test_gemma3_serves_its_mixed_formats_as_shipped():
     with GGUFFile(resolve_model("gemma3-270m").path) as gguf:
         config = config_from_gguf(gguf.metadata, set(gguf.tensors))
@@ -94,5 +114,5 @@ def test_the_flag_takes_gguf_and_names_the_choices_otherwise():
     config = EngineConfig.from_args(parser.parse_args(["--quantization", "gguf"]))
     config.validate()
     assert config.quantization == "gguf"
-    with pytest.raises(ConfigError, match=r"^--quantization q4 must be one of none, int8, gguf$"):
+    with pytest.raises(ConfigError, match=r"^--quantization q4 must be one of none, int8, gguf, int-dot$"):
         EngineConfig.from_args(parser.parse_args(["--quantization", "q4"])).validate()
