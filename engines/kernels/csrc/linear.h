@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <utility>
 
 #include "kernels.h"
@@ -31,6 +32,51 @@ inline void store_output(const LinearArgs& g, typename V::reg y, int64_t offset,
   for (int64_t l = 0; l < available; ++l) {
     if (g.out_type == DType::kFloat32) static_cast<float*>(g.out)[offset + l] = lanes[l];
     else static_cast<bf16_t*>(g.out)[offset + l] = float_to_bf16(lanes[l]);
+  }
+}
+
+// An MR x NV tile of float32 accumulators stored at rows row0.., columns col0.. of `out`.
+template <class V, int MR, int NV>
+inline void store_tile(const LinearArgs& out, const typename V::reg (&acc)[MR][NV], int64_t row0, int64_t col0) {
+#pragma GCC unroll 16
+  for (int j = 0; j < NV; ++j) {
+    const int64_t c = col0 + int64_t(j) * V::L;
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) store_output<V>(out, acc[i][j], (row0 + i) * out.ldo + c, out.N - c);
+  }
+}
+
+// The output of a kernel whose arguments are not LinearArgs (quant_linear.h, int_linear.h), for store_tile.
+template <class Args>
+inline LinearArgs output_of(const Args& g) {
+  return LinearArgs{nullptr, 0, nullptr, DType::kFloat32, nullptr, g.out, g.out_type, g.ldo, g.M, g.N, g.K};
+}
+
+// Rows in blocks of whole MR-row tiles whose activations (`row_bytes` each) fit `cache_bytes`.
+template <int MR>
+inline int64_t rows_in_cache(int64_t cache_bytes, int64_t row_bytes) {
+  return std::max<int64_t>(MR, (cache_bytes / std::max<int64_t>(1, row_bytes)) / MR * MR);
+}
+
+// Every kernel's walk over its column tiles tile_begin..tile_end (NV vectors of L columns each),
+// the rows in blocks of `row_block` so that a block's activations stay in cache while every tile
+// reads them: rows(nv, row0, row1, col0) computes rows row0..row1 of the nv vectors from col0,
+// with nv a std::integral_constant (NV for a whole tile, 1 for each vector of the last, short one).
+template <int L, int NV, class Rows>
+inline void walk_column_tiles(int64_t M, int64_t N, int64_t row_block, int64_t tile_begin, int64_t tile_end,
+                              Rows&& rows) {
+  const int64_t num_vectors = (N + L - 1) / L;
+  for (int64_t row0 = 0; row0 < M; row0 += row_block) {
+    const int64_t row1 = std::min(M, row0 + row_block);
+    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+      const int64_t first = tile * NV;
+      const int64_t count = std::min<int64_t>(NV, num_vectors - first);
+      if (count == NV) {
+        rows(std::integral_constant<int, NV>{}, row0, row1, first * L);
+      } else {
+        for (int64_t v = first; v < first + count; ++v) rows(std::integral_constant<int, 1>{}, row0, row1, v * L);
+      }
+    }
   }
 }
 
@@ -93,23 +139,11 @@ inline void linear_rows(const LinearArgs& g, const W* weight, int64_t row_begin,
 
 template <class V, class W, int MR, int NV>
 inline void linear_columns(const LinearArgs& g, int64_t tile_begin, int64_t tile_end) {
-  constexpr int L = V::L;
   const W* weight = static_cast<const W*>(g.weight);
-  const int64_t num_vectors = (g.N + L - 1) / L;
-  // Rows in blocks whose activations stay in the L2 cache while every column tile reads them.
-  const int64_t block = std::max<int64_t>(MR, (192 * 1024 / std::max<int64_t>(1, g.K * 4)) / MR * MR);
-  for (int64_t row0 = 0; row0 < g.M; row0 += block) {
-    const int64_t row1 = std::min(g.M, row0 + block);
-    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-      const int64_t first = tile * NV;
-      const int64_t count = std::min<int64_t>(NV, num_vectors - first);
-      if (count == NV) {
-        linear_rows<V, W, MR, NV>(g, weight, row0, row1, first * L);
-      } else {
-        for (int64_t v = first; v < first + count; ++v) linear_rows<V, W, MR, 1>(g, weight, row0, row1, v * L);
-      }
-    }
-  }
+  walk_column_tiles<V::L, NV>(g.M, g.N, rows_in_cache<MR>(192 * 1024, g.K * 4), tile_begin, tile_end,
+                              [&](auto nv, int64_t row0, int64_t row1, int64_t col0) {
+                                linear_rows<V, W, MR, decltype(nv)::value>(g, weight, row0, row1, col0);
+                              });
 }
 
 template <class V, int MR, int NV>

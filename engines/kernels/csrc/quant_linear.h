@@ -85,13 +85,7 @@ inline void quant_tile(const QuantLinearArgs& g, int64_t row0, int64_t col0) {
     }
   }
 
-  LinearArgs out{nullptr, 0, nullptr, DType::kFloat32, nullptr, g.out, g.out_type, g.ldo, g.M, g.N, g.K};
-#pragma GCC unroll 16
-  for (int j = 0; j < NV; ++j) {
-    const int64_t c = col0 + int64_t(j) * L;
-#pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) store_output<V>(out, acc[i][j], (row0 + i) * g.ldo + c, g.N - c);
-  }
+  store_tile<V, MR, NV>(output_of(g), acc, row0, col0);
 }
 
 // Rows row_begin..row_end of one column tile: full tiles of MR rows, then one smaller tile.
@@ -111,22 +105,10 @@ inline void quant_rows(const QuantLinearArgs& g, int64_t row_begin, int64_t row_
 
 template <class V, bool kNibbles, bool kOffsets, int MR, int NV>
 inline void quant_columns(const QuantLinearArgs& g, int64_t tile_begin, int64_t tile_end) {
-  constexpr int L = V::L;
-  const int64_t num_vectors = (g.N + L - 1) / L;
-  // Rows in blocks whose activations stay in the L2 cache while every column tile reads them.
-  const int64_t block = std::max<int64_t>(MR, (192 * 1024 / std::max<int64_t>(1, g.K * 4)) / MR * MR);
-  for (int64_t row0 = 0; row0 < g.M; row0 += block) {
-    const int64_t row1 = std::min(g.M, row0 + block);
-    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-      const int64_t first = tile * NV;
-      const int64_t count = std::min<int64_t>(NV, num_vectors - first);
-      if (count == NV) {
-        quant_rows<V, kNibbles, kOffsets, MR, NV>(g, row0, row1, first * L);
-      } else {
-        for (int64_t v = first; v < first + count; ++v) quant_rows<V, kNibbles, kOffsets, MR, 1>(g, row0, row1, v * L);
-      }
-    }
-  }
+  walk_column_tiles<V::L, NV>(g.M, g.N, rows_in_cache<MR>(192 * 1024, g.K * 4), tile_begin, tile_end,
+                              [&](auto nv, int64_t row0, int64_t row1, int64_t col0) {
+                                quant_rows<V, kNibbles, kOffsets, MR, decltype(nv)::value>(g, row0, row1, col0);
+                              });
 }
 
 // Panels panel0 .. panel0 + count - 1 dequantized into buffer [count, K, 16] float32: linear.h's

@@ -24,7 +24,7 @@ from engines import kernels
 from engines.kernels.gguf_blocks import SUPPORTED, GroupQuantized, decode
 from engines.model.kernel_layers import KernelLinear
 from engines.model.weights import merge_alike
-from tests.engines.kernels.test_quant_kernels import random_blocks
+from tests.engines.kernels.test_quant_kernels import assert_rows_batch_invariant_and_alike, random_blocks
 
 ISAS = kernels.supported_isas()
 U = 2.0**-24
@@ -126,14 +126,7 @@ def test_rows_are_batch_invariant_and_alike_on_every_isa(qtype):
     rows, columns = 200, 256
     weight = decode(random_blocks(qtype, rows, columns, seed=4), qtype, (rows, columns))
     packed = kernels.pack_int_dot(weight)
-    x = torch.randn(16, columns, generator=torch.Generator().manual_seed(5))
-    alone = {isa: torch.cat([kernels.linear(x[r : r + 1], packed, isa) for r in range(16)]) for isa in ISAS}
-    for isa in ISAS:
-        assert torch.equal(alone[isa], alone["scalar"]), isa
-        for m in range(1, 17):
-            assert torch.equal(kernels.linear(x[:m], packed, isa), alone[isa][:m]), (isa, m)
-        chunks = torch.cat([kernels.linear(x[a:b], packed, isa) for a, b in ((0, 3), (3, 12), (12, 16))])
-        assert torch.equal(chunks, alone[isa]), isa
+    assert_rows_batch_invariant_and_alike(packed, torch.randn(16, columns, generator=torch.Generator().manual_seed(5)))
 
 
 def test_a_row_holding_inf_or_nan_spoils_its_own_outputs_only():

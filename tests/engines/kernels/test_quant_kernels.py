@@ -11,6 +11,8 @@ other rows (rows alone vs in batches of 1..16, chunked as prefill splits would, 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -77,13 +79,19 @@ def test_rows_are_batch_invariant_and_alike_on_every_isa(qtype):
     some batch size up to 16."""
     rows, columns = 200, 256
     packed = kernels.pack_quantized(decode(random_blocks(qtype, rows, columns, seed=3), qtype, (rows, columns)))
-    x = torch.randn(16, columns, generator=torch.Generator().manual_seed(4))
-    alone = {isa: torch.cat([kernels.linear(x[r : r + 1], packed, isa) for r in range(16)]) for isa in ISAS}
+    assert_rows_batch_invariant_and_alike(packed, torch.randn(16, columns, generator=torch.Generator().manual_seed(4)))
+
+
+def assert_rows_batch_invariant_and_alike(packed, x: torch.Tensor) -> None:
+    """Each row of `x` through `packed` gives the same bits alone, in every leading batch of 1..len(x)
+    rows and in uneven chunks, on every instruction set the machine has, and the same as scalar."""
+    alone = {isa: torch.cat([kernels.linear(x[r : r + 1], packed, isa) for r in range(len(x))]) for isa in ISAS}
     for isa in ISAS:
         assert torch.equal(alone[isa], alone["scalar"]), isa
-        for m in range(1, 17):
+        for m in range(1, len(x) + 1):
             assert torch.equal(kernels.linear(x[:m], packed, isa), alone[isa][:m]), (isa, m)
-        chunks = torch.cat([kernels.linear(x[a:b], packed, isa) for a, b in ((0, 3), (3, 12), (12, 16))])
+        cuts = (0, 3, 12, len(x))
+        chunks = torch.cat([kernels.linear(x[a:b], packed, isa) for a, b in itertools.pairwise(cuts)])
         assert torch.equal(chunks, alone[isa]), isa
 
 
