@@ -49,6 +49,7 @@ class EngineConfig:
     kv_cache_memory_mb: int = 512
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
+    step_tokens_after_a_finished_prompt: int = 128
     max_waiting: int = 256
     max_stop_strings: int = DEFAULT_MAX_STOP_STRINGS
     max_stop_string_bytes: int = DEFAULT_MAX_STOP_STRING_BYTES
@@ -76,7 +77,9 @@ class EngineConfig:
 
     @property
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens, self.max_waiting)
+        return SchedulerConfig(
+            self.max_num_seqs, self.max_num_batched_tokens, self.max_waiting, self.step_tokens_after_a_finished_prompt
+        )
 
     def validate(self) -> None:
         _check_port("--port", self.port)
@@ -113,6 +116,10 @@ class EngineConfig:
             raise ConfigError(f"--max-num-seqs {self.max_num_seqs} must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ConfigError(f"--max-num-batched-tokens {self.max_num_batched_tokens} must be >= 1")
+        if self.step_tokens_after_a_finished_prompt < 1:
+            raise ConfigError(
+                f"--step-tokens-after-a-finished-prompt {self.step_tokens_after_a_finished_prompt} must be >= 1"
+            )
         if self.quantization not in QUANTIZATIONS:
             raise ConfigError(f"--quantization {self.quantization} must be one of {', '.join(QUANTIZATIONS)}")
         if self.quantization == "int-dot" and not self.batch_invariant:
@@ -177,6 +184,7 @@ class EngineConfig:
             kv_cache_memory_mb=args.kv_cache_memory_mb,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            step_tokens_after_a_finished_prompt=args.step_tokens_after_a_finished_prompt,
             max_waiting=args.max_waiting,
             max_stop_strings=args.max_stop_strings,
             max_stop_string_bytes=args.max_stop_string_bytes,
@@ -281,6 +289,14 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=512,
         help="tokens per step, prefill chunks included (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--step-tokens-after-a-finished-prompt",
+        type=int,
+        default=128,
+        help="a step that finishes a prompt takes no more prompt tokens once it holds this many, so prompts "
+        "in a burst get first tokens in turn; set it to --max-num-batched-tokens to fill every step "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--max-waiting",

@@ -39,6 +39,8 @@ class SchedulerConfig:
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
+    # A step that has finished a prompt takes no more prompt tokens once it holds this many.
+    step_tokens_after_a_finished_prompt: int = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +64,12 @@ class ScheduledChunk:
 class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     num_preempted: int = 0
+    num_prompts_finished: int = 0  # prompt chunks that reach their sequence's end (not decodes)
+
+    def add(self, seq: Sequence, num_tokens: int, prompt: bool) -> None:
+        chunk = ScheduledChunk.of(seq, num_tokens)
+        self.chunks.append(chunk)
+        self.num_prompts_finished += prompt and chunk.samples
 
 
 class Scheduler:
@@ -107,18 +115,21 @@ class Scheduler:
         decodes = [s for s in self.running if s.num_tokens - s.num_computed_tokens == 1]
         prefills = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
         for seq in decodes + prefills:
-            if budget == 0:
+            if budget == 0 or self._full_after_a_finished_prompt(output, budget):
                 break
             if seq not in self.running:  # preempted earlier in this step
                 continue
-            num_tokens = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            remaining = seq.num_tokens - seq.num_computed_tokens
+            num_tokens = min(remaining, budget)
             if not self._make_room(seq, num_tokens, output):
                 continue
-            output.chunks.append(ScheduledChunk.of(seq, num_tokens))
+            output.add(seq, num_tokens, prompt=remaining > 1)
             budget -= num_tokens
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             if output.num_preempted:
                 break  # blocks are short: let the running sequences drain first
+            if self._full_after_a_finished_prompt(output, budget):
+                break
             seq = self.waiting[0]
             hit = self._lookup(seq)
             num_cached = len(hit.blocks) * self.block_manager.block_size
@@ -129,9 +140,22 @@ class Scheduler:
             self.running.append(seq)
             self._admit(seq, hit)
             self.block_manager.grow(seq.block_table, seq.num_computed_tokens + num_tokens)
-            output.chunks.append(ScheduledChunk.of(seq, num_tokens))
+            output.add(seq, num_tokens, prompt=True)
             budget -= num_tokens
         return output
+
+    def _full_after_a_finished_prompt(self, output: SchedulerOutput, budget: int) -> bool:
+        """Whether the step should end here: it finishes a prompt and already holds enough tokens.
+
+        A prompt's first token waits for its whole step, so prompt tokens that can as well run next
+        step would only hold it back. On a CPU a step's cost is flat per token from about 128 tokens
+        up (docs/engine.md, "Steps end after a finished prompt"), so ending steps there
+        costs next to no throughput, while a burst of short prompts (a cached prefix, short
+        questions) gets its first tokens in turn instead of all at the end of a long step. It
+        changes only which chunks share a step, which the batch-invariant kernels make bit-identical.
+        """
+        used = self.config.max_num_batched_tokens - budget
+        return output.num_prompts_finished > 0 and used >= self.config.step_tokens_after_a_finished_prompt
 
     def cache_computed(self, seq: Sequence) -> None:
         """After a step: register the sequence's blocks its keys and values now fill."""

@@ -165,3 +165,50 @@ def test_preempting_a_sequence_that_shares_blocks_keeps_the_other_ones():
                 scheduler.finish(seq)
     assert preempted > 0
     assert len(a.output_ids) >= 12 and len(b.output_ids) >= 12
+
+
+def step_plan(output) -> list[tuple[str, int, bool]]:
+    return [(c.seq.request_id, c.num_tokens, c.samples) for c in output.chunks]
+
+
+def test_a_burst_of_short_prompts_gets_first_tokens_in_turn_not_at_the_end_of_one_long_step():
+    scheduler = make(num_blocks=512, block_size=16, max_num_batched_tokens=512, step_tokens_after_a_finished_prompt=128)
+    for i in range(6):
+        scheduler.add(FakeSequence(f"q{i}", list(range(80))))
+    first = run_step(scheduler)
+    # 80 tokens finish q0 but the step holds fewer than 128, so q1 joins; 160 >= 128 ends the step.
+    assert step_plan(first) == [("q0", 80, True), ("q1", 80, True)]
+    assert first.num_prompts_finished == 2
+    second = run_step(scheduler)
+    assert [(rid, n, s) for rid, n, s in step_plan(second) if n > 1] == [("q2", 80, True), ("q3", 80, True)]
+    assert [rid for rid, n, _ in step_plan(second) if n == 1] == ["q0", "q1"]  # the decodes all run
+
+
+def test_a_long_prompt_still_fills_the_whole_budget_until_its_last_chunk():
+    scheduler = make(num_blocks=512, block_size=16, max_num_batched_tokens=512, step_tokens_after_a_finished_prompt=128)
+    scheduler.add(FakeSequence("long", list(range(1000))))
+    scheduler.add(FakeSequence("next", list(range(300))))
+    assert step_plan(run_step(scheduler)) == [("long", 512, False)]
+    # The long prompt's last 488 tokens finish it; the step already holds >= 128, so "next" waits.
+    assert step_plan(run_step(scheduler)) == [("long", 488, True)]
+    assert step_plan(run_step(scheduler)) == [("long", 1, True), ("next", 300, True)]
+
+
+def test_short_prompts_below_the_threshold_and_steps_that_finish_no_prompt_fill_the_budget():
+    scheduler = make(num_blocks=512, block_size=16, max_num_batched_tokens=512, step_tokens_after_a_finished_prompt=128)
+    for i in range(3):
+        scheduler.add(FakeSequence(f"q{i}", list(range(10))))
+    scheduler.add(FakeSequence("long", list(range(1000))))
+    # Three finished prompts hold 30 tokens (< 128), so the long prompt's first chunk takes the rest.
+    short = [("q0", 10, True), ("q1", 10, True), ("q2", 10, True)]
+    assert step_plan(run_step(scheduler)) == [*short, ("long", 482, False)]
+    # Three decodes and a chunk that does not finish the long prompt: the whole budget again.
+    decodes = [("q0", 1, True), ("q1", 1, True), ("q2", 1, True)]
+    assert step_plan(run_step(scheduler)) == [*decodes, ("long", 509, False)]
+
+
+def test_a_threshold_at_the_budget_keeps_the_plain_budget_rule():
+    scheduler = make(num_blocks=512, block_size=16, max_num_batched_tokens=512, step_tokens_after_a_finished_prompt=512)
+    for i in range(6):
+        scheduler.add(FakeSequence(f"q{i}", list(range(80))))
+    assert [n for _, n, _ in step_plan(run_step(scheduler))] == [80] * 6

@@ -44,6 +44,10 @@ def bad_flag_cases(tmp_path):
         (["--max-model-len", "1"], "--max-model-len 1 must be >= 2"),
         (["--data-parallel-size", "0"], "--data-parallel-size 0 must be >= 1"),
         (
+            ["--step-tokens-after-a-finished-prompt", "0"],
+            "--step-tokens-after-a-finished-prompt 0 must be >= 1",
+        ),
+        (
             ["--data-parallel-rank", "2", "--data-parallel-size", "2"],
             "--data-parallel-rank 2 must be in [0, 1] for --data-parallel-size 2",
         ),
