@@ -77,9 +77,11 @@ BENCHMARKS = (
     ),
     Benchmark("grammar_overhead", (), ("--rounds", "1", "--tokens", "24"), 45),
     Benchmark("startup", (), ("--runs", "1",), 65),
-    # The full sizes (the script's defaults: 16 x 8 turns, 64 questions, 64 prompts) take over an
-    # hour here with the cache off; the report runs a quarter of the conversations and questions, and the text
-    # multi-turn run against llama.cpp's server where bench/llamacpp_build.py has built it (at the same size).
+    # The full sizes (the script's defaults: 16 x 8 turns, 64 questions, 64 prompts) take about 13
+    # minutes on a quiet 2-core Zen 4, but llama.cpp's server, one request at a time, would take most of an hour
+    # at them; the report runs a quarter of the conversations and questions, with the text multi-turn run
+    # against llama.cpp's server where bench/llamacpp_build.py has built it (at the same size). Full-size
+    # figures are in docs/performance.md's prefix-caching section.
     Benchmark(
         "prefix_cache",
         ("--conversations", "4", "--turns", "4", "--questions", "16", "--random-prompts", "16", "--concurrency", "4",
