@@ -8,7 +8,9 @@ minutes to start on 2 cores) called over its OpenAI API (`/v1/completions`, stre
 prompts, `ignore_eos`). Both stay up for the run, dpgate started first and alone (so its start-up
 thread trial does not run beside vLLM's loading) with the threads that trial picks, vLLM with its
 own CPU setup (on 2 CPUs it binds its engine core to one and keeps the other for its
-front end); each figure runs on one, then the other, after one warm-up round. Greedy, eos ignored,
+front end); each figure runs on one, then the other, after one warm-up round, and each starts
+only once the machine is quiet (bench/settle.py: vLLM keeps a core busy for about a second after
+a 16-request batch, which otherwise lands on whatever dpgate figure comes next). Greedy, eos ignored,
 prompts random token ids, fresh per round (no prefix-cache hits). Figures, from the client's clock (what a user sees):
 
 - batch-1 decode tok/s: one request of `--decode-tokens`; (tokens - 1) / (first to last token);
@@ -42,6 +44,7 @@ from pathlib import Path
 import aiohttp
 import grpc
 from results import add_json_argument, write_results
+from settle import until_quiet
 
 from dpgate.v1 import generate_pb2 as pb
 from dpgate.v1 import generate_pb2_grpc
@@ -219,6 +222,7 @@ async def measure(clients: list, args: argparse.Namespace) -> dict:
     for round_ in range(args.repeats):
         for client in clients if round_ % 2 == 0 else clients[::-1]:
             seed = 10 * round_ + 1
+            await until_quiet()  # the other server's work after its last response is not this one's
             record("batch-1 decode (tok/s)", client.name, await decode_rate(client, seed, args.decode_tokens))
             record(f"prefill, one sequence of {args.prompt_tokens} (tok/s)", client.name,
                    await prefill_rate(client, seed, args.prompt_tokens))  # fmt: skip
@@ -228,6 +232,7 @@ async def measure(clients: list, args: argparse.Namespace) -> dict:
     sweep: dict[str, dict[int, dict[str, float]]] = {client.name: {} for client in clients}
     for in_flight in args.sweep:
         for client in clients:
+            await until_quiet()
             sweep[client.name][in_flight] = await sweep_point(client, 100 + in_flight, in_flight, args)
         print(f"  sweep {in_flight} in flight done", flush=True)
     medians = {figure: {name: statistics.median(values) for name, values in by.items()}
@@ -263,6 +268,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="each system's threads (default: dpgate chooses, vLLM all CPUs)")
     parser.add_argument("--start-timeout", type=float, default=900.0, help="seconds vLLM may take to serve")
     parser.add_argument("--no-install", action="store_true", help="fail instead of installing vLLM when not cached")
+    parser.add_argument("--engine-flag", action="append", default=[], metavar="FLAG",
+                        help="a flag for `dpgate engine` (repeatable; e.g. --engine-flag=--quantization=int-dot); "
+                        "default: none, the served default")  # fmt: skip
     add_json_argument(parser)
     return parser.parse_args(argv)
 
@@ -285,6 +293,9 @@ async def run(args: argparse.Namespace, logs: Path) -> dict:
     dpgate_command = [sys.executable, "-m", "dpgate.cli", "engine", "--port", str(dpgate_port)]
     if args.threads is not None:
         dpgate_command += ["--num-threads", str(args.threads)]
+    dpgate_command += args.engine_flag
+    if args.engine_flag:
+        print(f"dpgate engine flags: {' '.join(args.engine_flag)}", flush=True)
     clients = [DpgateClient(f"127.0.0.1:{dpgate_port}"), VllmClient(f"127.0.0.1:{vllm_port}")]
     # One after the other: dpgate's start-up thread trial must not run while vLLM loads and compiles
     # beside it (a contended trial picks fewer threads than the machine gives a quiet engine).
