@@ -23,6 +23,21 @@
 // Traits, one per instruction set (I): `wreg` holds L columns' four codes, `split` prepares
 // it once for every row of a register tile, `broadcast` four activation codes, `dot` adds the
 // four products of each column to its int32 lane.
+//
+// Nibble weights (u = 0..15) take a shorter route where the traits set kNarrowNibbles (AVX2 and
+// AVX-512 without VNNI): vpmaddubsw multiplies unsigned code bytes by signed activation bytes
+// and adds each pair into an int16 lane, saturating only past 32,767. Here no sum can get there:
+// a lane of one instruction is at most 2 * 15 * 127 = 3,810 in magnitude, and a weight group
+// (G <= 32 values, G / 4 instructions per lane) adds at most G / 2 * 15 * 127 = 30,480, so the
+// int16 sums are exact; vpmaddwd by ones then widens each column's two lanes into its int32
+// lane once per group. Same integers, so the same bits as every other route.
+//
+// Signed bytes (u = q + 128) take one too where the traits set kSignedBytes (AVX2): q = u ^ 128
+// as int8, vpmaddubsw multiplies |q| (0..128, unsigned) by the activation with q's sign moved
+// onto it (vpsignb: -127..127), so a pair's sum is at most 2 * 128 * 127 = 32,512 in magnitude:
+// exact in int16, and vpmaddwd by ones adds it into int32 at once. That is sum a * q itself,
+// so this route skips the bias term.
+
 #pragma once
 
 #include <algorithm>
@@ -98,6 +113,7 @@ struct IntScalar8 {
     int32_t a[4];
   };
 
+  static constexpr bool kNarrowNibbles = false, kSignedBytes = false;
   static DPGATE_INLINE ireg zero() { return ireg{}; }
   static DPGATE_INLINE wreg load(const uint8_t* p) {
     wreg w;
@@ -166,6 +182,32 @@ struct IntAvx2 {
     acc = _mm256_add_epi32(acc, _mm256_madd_epi16(w.even, a.even));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(w.odd, a.odd));
   }
+  // The nibble route (see the top of this file): int16 sums of code * activation pairs.
+  static constexpr bool kNarrowNibbles = true;
+  using nreg = __m256i;
+  static DPGATE_INLINE nreg nzero() { return _mm256_setzero_si256(); }
+  static DPGATE_INLINE __m256i broadcast_bytes(const int8_t* a) {
+    int32_t four;
+    std::memcpy(&four, a, 4);
+    return _mm256_set1_epi32(four);
+  }
+  static DPGATE_INLINE nreg nibble_dot(nreg acc, wreg codes, __m256i a) {
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(codes, a));
+  }
+  static DPGATE_INLINE ireg widen(nreg sums) { return _mm256_madd_epi16(sums, _mm256_set1_epi16(1)); }
+  // The signed-byte route (see the top of this file).
+  static constexpr bool kSignedBytes = true;
+  struct sbytes {
+    __m256i magnitude, sign;
+  };
+  static DPGATE_INLINE sbytes signed_split(wreg w) {
+    const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8(char(0x80)));
+    return {_mm256_abs_epi8(q), q};
+  }
+  static DPGATE_INLINE ireg signed_dot(ireg acc, const sbytes& w, __m256i a) {
+    const __m256i pairs = _mm256_maddubs_epi16(w.magnitude, _mm256_sign_epi8(a, w.sign));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  }
   static DPGATE_INLINE ireg sub(ireg x, int32_t c) { return _mm256_sub_epi32(x, _mm256_set1_epi32(c)); }
   static DPGATE_INLINE V::reg to_float(ireg x) { return _mm256_cvtepi32_ps(x); }
 };
@@ -201,6 +243,20 @@ struct IntAvx512 {
     acc = _mm512_add_epi32(acc, _mm512_madd_epi16(w.even, a.even));
     return _mm512_add_epi32(acc, _mm512_madd_epi16(w.odd, a.odd));
   }
+  // The nibble route (see the top of this file): int16 sums of code * activation pairs.
+  static constexpr bool kNarrowNibbles = true;
+  using nreg = __m512i;
+  static DPGATE_INLINE nreg nzero() { return _mm512_setzero_si512(); }
+  static DPGATE_INLINE __m512i broadcast_bytes(const int8_t* a) {
+    int32_t four;
+    std::memcpy(&four, a, 4);
+    return _mm512_set1_epi32(four);
+  }
+  static DPGATE_INLINE nreg nibble_dot(nreg acc, wreg codes, __m512i a) {
+    return _mm512_add_epi16(acc, _mm512_maddubs_epi16(codes, a));
+  }
+  static DPGATE_INLINE ireg widen(nreg sums) { return _mm512_madd_epi16(sums, _mm512_set1_epi16(1)); }
+  static constexpr bool kSignedBytes = false;  // no vpsignb in AVX-512
   static DPGATE_INLINE ireg sub(ireg x, int32_t c) { return _mm512_sub_epi32(x, _mm512_set1_epi32(c)); }
   static DPGATE_INLINE V::reg to_float(ireg x) { return _mm512_cvtepi32_ps(x); }
 };
@@ -210,6 +266,7 @@ struct IntAvx512 {
 // vpdpbusd: each int32 lane += the four products of its unsigned weight bytes and the signed
 // activation bytes, summed exactly (the non-saturating form), 64 products an instruction.
 struct IntAvx512Vnni : IntAvx512 {
+  static constexpr bool kNarrowNibbles = false;  // vpdpbusd does nibbles in one instruction too
   using wsplit = __m512i;
   using areg = __m512i;
 
@@ -233,6 +290,8 @@ inline void int_tile(const IntLinearArgs& g, int64_t row0, int64_t col0) {
   constexpr int L = I::L;
   constexpr int64_t kStep = kNibbles ? 8 : 4;   // k per chunk of 64 bytes
   constexpr int64_t kChunk = 4 * kPanelWidth;  // bytes per chunk of a panel
+  constexpr bool kNarrow = kNibbles && I::kNarrowNibbles;  // int16 sums: G is 16 or 32 (int_dot_part)
+  constexpr bool kSigned = !kNibbles && kBias && I::kSignedBytes;  // kBias: bias 128 (int_dot_part)
   const int64_t K = g.K, G = g.group, groups = K / G;
   const uint8_t* codes[NV];
   const float* scales[NV];
@@ -260,7 +319,27 @@ inline void int_tile(const IntLinearArgs& g, int64_t row0, int64_t col0) {
     ireg isum[MR][NV];
     for (int i = 0; i < MR; ++i)
       for (int j = 0; j < NV; ++j) isum[i][j] = I::zero();
-    for (int64_t k = group * G; k < (group + 1) * G; k += kStep) {
+    if constexpr (kNarrow) {
+      typename I::nreg narrow[MR][NV];
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NV; ++j) narrow[i][j] = I::nzero();
+      for (int64_t k = group * G; k < (group + 1) * G; k += kStep) {
+        const int64_t chunk = k / kStep;
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j) {
+          const typename I::wreg w = I::load(codes[j] + chunk * kChunk);
+          const typename I::wreg low = I::low_nibbles(w), high = I::high_nibbles(w);
+#pragma GCC unroll 16
+          for (int i = 0; i < MR; ++i) {
+            narrow[i][j] = I::nibble_dot(narrow[i][j], low, I::broadcast_bytes(rows[i] + k));
+            narrow[i][j] = I::nibble_dot(narrow[i][j], high, I::broadcast_bytes(rows[i] + k + 4));
+          }
+        }
+      }
+      for (int i = 0; i < MR; ++i)
+        for (int j = 0; j < NV; ++j) isum[i][j] = I::widen(narrow[i][j]);
+    }
+    for (int64_t k = group * G; !kNarrow && k < (group + 1) * G; k += kStep) {
       const int64_t chunk = k / kStep;
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) {
@@ -272,6 +351,11 @@ inline void int_tile(const IntLinearArgs& g, int64_t row0, int64_t col0) {
             isum[i][j] = I::dot(isum[i][j], low, I::broadcast(rows[i] + k));
             isum[i][j] = I::dot(isum[i][j], high, I::broadcast(rows[i] + k + 4));
           }
+        } else if constexpr (kSigned) {
+          const typename I::sbytes split = I::signed_split(w);
+#pragma GCC unroll 16
+          for (int i = 0; i < MR; ++i)
+            isum[i][j] = I::signed_dot(isum[i][j], split, I::broadcast_bytes(rows[i] + k));
         } else {
           const typename I::wsplit split = I::split(w);
 #pragma GCC unroll 16
@@ -293,7 +377,7 @@ inline void int_tile(const IntLinearArgs& g, int64_t row0, int64_t col0) {
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         ireg exact = isum[i][j];
-        if constexpr (kBias) exact = I::sub(exact, g.bias * sums[i]);
+        if constexpr (kBias && !kSigned) exact = I::sub(exact, g.bias * sums[i]);
         reg t;
         if constexpr (kOffsets) t = V::fma(d, I::to_float(exact), V::mul(m, V::set1(float(sums[i]))));
         else t = V::mul(d, I::to_float(exact));
@@ -336,7 +420,8 @@ inline void int_dispatch(const IntLinearArgs& g, int64_t tile_begin, int64_t til
   const bool offsets = g.offsets != nullptr, bias = g.bias != 0;
   if (g.nibbles && offsets) return int_columns<I, true, true, false, MR, NV>(g, tile_begin, tile_end);
   if (g.nibbles) return int_columns<I, true, false, false, MR, NV>(g, tile_begin, tile_end);
-  if (offsets) return int_columns<I, false, true, true, MR, NV>(g, tile_begin, tile_end);
+  if (offsets && bias) return int_columns<I, false, true, true, MR, NV>(g, tile_begin, tile_end);
+  if (offsets) return int_columns<I, false, true, false, MR, NV>(g, tile_begin, tile_end);
   if (bias) return int_columns<I, false, false, true, MR, NV>(g, tile_begin, tile_end);
   return int_columns<I, false, false, false, MR, NV>(g, tile_begin, tile_end);
 }

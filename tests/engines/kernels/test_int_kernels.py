@@ -129,6 +129,32 @@ def test_rows_are_batch_invariant_and_alike_on_every_isa(qtype):
     assert_rows_batch_invariant_and_alike(packed, torch.randn(16, columns, generator=torch.Generator().manual_seed(5)))
 
 
+@pytest.mark.parametrize("nibbles", [True, False], ids=["nibbles", "signed-bytes"])
+@pytest.mark.parametrize("group", [16, 32])
+def test_the_largest_products_sum_exactly_on_every_isa(nibbles, group):
+    """The int16 routes of int_linear.h (vpmaddubsw on AVX2, and for nibbles on AVX-512) meet
+    their bound: codes at their extremes (15; -128 and 127) times activation codes of +-127 in
+    every position, so every int16 lane holds the largest sum it can, of either sign."""
+    rows, columns = 32, 256
+    if nibbles:
+        codes = np.full((rows, columns), 15, np.uint8)
+    else:
+        codes = np.full((rows, columns), -128, np.int8)
+        codes[1::2] = 127
+    weight = GroupQuantized(codes, np.ones((rows, columns // group), np.float32), None, group, nibbles)
+    packed = kernels.pack_int_dot(weight)
+    x = torch.ones(4, columns)
+    x[1] = -1.0
+    x[2, 1::2] = -1.0  # alternating signs: lanes that cancel
+    x[3, :128] = -1.0
+    expected, bound = expected_and_bound(x.numpy(), weight)
+    assert (np.abs(quantize_reference(x.numpy())[0]) == 127).all()  # the premise: extreme codes
+    for isa in ISAS:
+        y = kernels.linear(x, packed, isa)
+        assert torch.equal(y, kernels.linear(x, packed, "scalar")), isa
+        assert (np.abs(y.numpy() - expected) <= bound).all(), isa
+
+
 def test_a_row_holding_inf_or_nan_spoils_its_own_outputs_only():
     weight = decode(random_blocks(Q.Q8_0, 32, 128, seed=6), Q.Q8_0, (32, 128))
     packed = kernels.pack_int_dot(weight)
