@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import torch
 
+from engines.kernels.gguf_blocks import GroupQuantized
 from engines.model.config import ModelConfig
+from engines.model.weights import merge_alike
 from engines.parallel.plan import ParallelPlan
 
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
@@ -67,3 +70,47 @@ def shard_state_dict(
         else:  # norms (and q/k norms of Gemma): every rank holds them whole
             shard[name] = tensor
     return shard
+
+
+def shard_blocks(
+    weights: dict[str, list[GroupQuantized]], config: ModelConfig, plan: ParallelPlan, rank: int
+) -> dict[str, list[GroupQuantized]]:
+    """Rank `rank`'s share of a GGUF's quantized blocks (engines/model/weights.py's
+    gguf_quantized_weights): exactly the rows shard_state_dict keeps of the dense weights, in the
+    same order, padding rows all zeros. Whole rows only, so every kept row is the same integers
+    and scales as on one rank, and a row-wise kernel gives it the same bits."""
+    numbered = {  # row r of a weight as the number r + 1 (0 is what padding reads as)
+        name: torch.arange(1, sum(p.shape[0] for p in parts) + 1, dtype=torch.float64)[:, None]
+        for name, parts in weights.items()
+    }
+    kept = shard_state_dict(numbered, config, plan, rank)
+    return {name: _take_rows(parts, kept[name][:, 0].long().numpy() - 1) for name, parts in weights.items()}
+
+
+def _take_rows(parts: list[GroupQuantized], rows: np.ndarray) -> list[GroupQuantized]:
+    """Rows `rows` (indices over the parts stacked, -1 for a zero row) as parts, merged where alike."""
+    starts = np.cumsum([0] + [p.shape[0] for p in parts])
+    owner = np.searchsorted(starts, rows, side="right") - 1  # the part holding each row; -1: padding
+    owner[rows < 0] = -1
+    taken: list[GroupQuantized] = []
+    begin = 0
+    while begin < len(rows):
+        end = begin
+        while end < len(rows) and owner[end] == owner[begin]:
+            end += 1
+        if owner[begin] >= 0:
+            taken.append(parts[owner[begin]].rows(rows[begin:end] - starts[owner[begin]]))
+        else:
+            taken.append(_zero_rows(taken[-1] if taken else parts[-1], end - begin))
+        begin = end
+    return merge_alike(taken)
+
+
+def _zero_rows(like: GroupQuantized, count: int) -> GroupQuantized:
+    """`count` rows of weight 0 in `like`'s format (codes 0, scales 0, offsets 0)."""
+    groups = like.shape[1] // like.group
+    offsets = None if like.offsets is None else np.zeros((count, groups), np.float32)
+    return GroupQuantized(
+        np.zeros((count, like.shape[1]), like.codes.dtype), np.zeros((count, groups), np.float32), offsets,
+        like.group, like.nibbles,
+    )  # fmt: skip

@@ -36,7 +36,7 @@ from engines.model.weights import (
 )
 from engines.parallel.layers import split_by_output
 from engines.parallel.plan import ParallelPlan
-from engines.parallel.sharding import shard_state_dict
+from engines.parallel.sharding import shard_blocks, shard_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +91,9 @@ def shipped_weights(
     source: ModelSource, numerics: Numerics, shard: RankShard | None = None
 ) -> dict[str, list[GroupQuantized]] | None:
     """For `--quantization gguf` and `int-dot`: the GGUF's quantized linear weights by parameter
-    name, or None where they cannot be served as shipped (then every linear layer is int8, and the
-    log says why). Weights in a format without a kernel are left out (int8 too), each named in the log."""
+    name (a tensor-parallel rank's rows of them with `shard`), or None where they cannot be served
+    as shipped (then every linear layer is int8, and the log says why). Weights in a format without
+    a kernel are left out (int8 too), each named in the log."""
     if numerics.quantization not in ("gguf", "int-dot"):
         return None
     flag = f"--quantization {numerics.quantization}"
@@ -101,14 +102,14 @@ def shipped_weights(
         reason = "the checkpoint is not a GGUF file"
     elif not numerics.batch_invariant:
         reason = "torch's kernels (--no-batch-invariant) have no GGUF block path"
-    elif shard is not None:
-        reason = "tensor-parallel ranks shard the dequantized weights"
     if reason is not None:
         logger.warning("%s: %s; serving every linear layer on int8 instead", flag, reason)
         return None
     with GGUFFile(source.path) as gguf:
         config = read_model_config(source, gguf)
         weights, left_out = gguf_quantized_weights(gguf, config)
+    if shard is not None:  # the rows this rank computes, as shard_state_dict keeps them
+        weights = shard_blocks(weights, config, shard.plan, shard.rank)
     for line in left_out:
         logger.warning("%s: %s; this layer is served on int8", flag, line)
     logger.info("%s: %d linear weights served as shipped, %d on int8", flag, len(weights), len(left_out))
