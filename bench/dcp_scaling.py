@@ -67,7 +67,8 @@ def measure(tp: int, dcp: int, contexts: list[int], steps: int) -> list[dict]:
         tensor_parallel_size=tp, decode_context_parallel_size=dcp, max_num_seqs=1, max_num_batched_tokens=16,
         allow_oversubscribe=True,
     )  # fmt: skip
-    model = start_model(config, resolve_model(config.model), numerics_for(config))
+    source = resolve_model(config.model)
+    model = start_model(config, source, numerics_for(config, source))
     unfuse_decoder_layers(model.loaded.model)  # T = 1 only: TP shards are never fused
     runner = model.runner
     table = range(runner.num_blocks)

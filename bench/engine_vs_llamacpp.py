@@ -236,7 +236,7 @@ def prompt_check(directory: Path, threads: int, run=subprocess.run) -> str | Non
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quantization", default="int8", help="dpgate's weights, as `dpgate engine --quantization`")
+    parser.add_argument("--quantization", default="auto", help="dpgate's weights, as `dpgate engine --quantization`")
     parser.add_argument("--isa", choices=["avx2"], help="cap both peers at AVX2 (emulate an AVX2-only CPU)")
     parser.add_argument(
         "--dpgate",

@@ -22,9 +22,10 @@ def describe_machine(with_torch: bool = True) -> str:
     return f"CPU: {cpu_info().describe()}; {torch.get_num_threads()} torch threads, torch kernels {capability}{extra}"
 
 
-def engine_numerics(batch_invariant: bool = True, isa: str | None = None, dtype: str = "auto", quantization="int8"):
-    """dpgate's numerics as `dpgate engine` would choose them; `isa` caps the kernels' instruction
-    set (e.g. "avx2" on an AVX-512 machine, to measure what an AVX2-only CPU would run)."""
+def engine_numerics(batch_invariant: bool = True, isa: str | None = None, dtype: str = "auto", quantization="auto"):
+    """dpgate's numerics as `dpgate engine` would choose them for a packaged GGUF served whole;
+    `isa` caps the kernels' instruction set (e.g. "avx2" on an AVX-512 machine, to measure what an
+    AVX2-only CPU would run)."""
     from engines import kernels
     from engines.kernels.cpu import cpu_info
     from engines.model.numerics import KERNEL_ISAS, choose_numerics

@@ -78,7 +78,7 @@ class Core:
 
         config = EngineConfig()
         source = resolve_model(config.model)
-        model = start_model(config, source, numerics_for(config))
+        model = start_model(config, source, numerics_for(config, source))
         self.tokenizer = model.loaded.tokenizer
         self.engine = LLMEngine(model.runner, config.scheduler_config)
         self.limits = ModelLimits(source.name, model.loaded.config.vocab_size, model.max_model_len,

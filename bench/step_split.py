@@ -185,7 +185,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--quantization", default="int8")
+    parser.add_argument("--quantization", default="auto")
     parser.add_argument("--isa", choices=["avx512", "avx2", "scalar"])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU times are meaningful)")
     parser.add_argument("--modules", action="store_true", help="layers as torch modules (the before)")

@@ -23,7 +23,7 @@ from engines.scheduling.scheduler import SchedulerConfig
 # Names only: flags are checked before torch is imported, so a bad flag fails in milliseconds.
 DTYPES = (AUTO_DTYPE, "bfloat16", "float16", "float32")
 # see engines/model/quantization.py, engines/kernels/gguf_blocks.py and engines/kernels/csrc/int_linear.h
-QUANTIZATIONS = ("none", "int8", "gguf", "int-dot")
+QUANTIZATIONS = ("auto", "none", "int8", "gguf", "int-dot")
 DEFAULT_PORT = 50051
 # A StatefulSet pod's hostname is `<statefulset name>-<ordinal>`; the ordinal is the DP rank.
 _HOSTNAME_ORDINAL = re.compile(r"-(0|[1-9][0-9]*)$")
@@ -55,7 +55,7 @@ class EngineConfig:
     max_stop_string_bytes: int = DEFAULT_MAX_STOP_STRING_BYTES
     grammar_compile_timeout_s: float = DEFAULT_COMPILE_BUDGET_S
     num_threads: int | None = None
-    quantization: str = "int8"
+    quantization: str = "auto"
     batch_invariant: bool = True
     prefix_caching: bool = True
     tensor_parallel_size: int = 1
@@ -331,10 +331,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--quantization",
-        default="int8",
-        help="weight storage: int8 (weight-only, one scale per output row; the default: the fastest measured), "
+        default="auto",
+        help="weight storage: auto (the default: int-dot for a GGUF checkpoint on the batch-invariant kernels, "
+        "the fastest measured on every CPU kind; int8 otherwise), "
+        "int8 (weight-only, one scale per output row), "
         "gguf (the GGUF's own quantized blocks as shipped, e.g. Q4_1, Q4_K: the file's grid exactly; layers in a "
-        "format without a kernel, and every layer under tensor parallelism or --no-batch-invariant, serve int8), "
+        "format without a kernel, and every layer under --no-batch-invariant, serve int8), "
         "int-dot (the GGUF's blocks times activations quantized to int8 per 32 values, exact integer sums; "
         "needs the batch-invariant kernels) or none",
     )

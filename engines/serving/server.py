@@ -30,7 +30,7 @@ from engines.kernels import KernelBuildError
 from engines.kernels.cpu import cpu_info
 from engines.model.fingerprint import model_fingerprint
 from engines.model.numerics import Numerics, NumericsError, choose_numerics
-from engines.model.source import resolve_model
+from engines.model.source import ModelSource, SourceKind, resolve_model
 from engines.runner.thread_choice import ThreadChoice, ThreadSource
 from engines.serving.async_engine import AsyncEngine
 from engines.serving.engine_lock import EngineLock
@@ -56,7 +56,7 @@ THREAD_SOURCES = {
 }
 
 
-def numerics_for(config: EngineConfig) -> Numerics:
+def numerics_for(config: EngineConfig, source: ModelSource) -> Numerics:
     """The engine's dtype and kernels for this CPU (building the kernel library if it is missing)."""
     isas: tuple[str, ...] = ()
     if config.batch_invariant:
@@ -65,7 +65,8 @@ def numerics_for(config: EngineConfig) -> Numerics:
         except KernelBuildError as error:
             raise ConfigError(f"--batch-invariant: {error}") from error
     try:
-        return choose_numerics(config.dtype, config.quantization, config.batch_invariant, cpu_info(), isas)
+        gguf = source.kind is SourceKind.GGUF
+        return choose_numerics(config.dtype, config.quantization, config.batch_invariant, cpu_info(), isas, gguf)
     except NumericsError as error:
         raise ConfigError(str(error)) from error
 
@@ -103,7 +104,7 @@ async def serve(config: EngineConfig) -> int:
                 "each other at every step; give it at most %d",
                 config.num_threads, usable_cores(), usable_cores(),
             )  # fmt: skip
-    numerics = await engine_thread.call(numerics_for, config)
+    numerics = await engine_thread.call(numerics_for, config, source)
     model = await engine_thread.call(start_model, config, source, numerics)
     loaded, runner, max_model_len, num_blocks = model.loaded, model.runner, model.max_model_len, model.num_blocks
     logger.info("numerics: %s, on %s", numerics.describe(), cpu_info().describe())

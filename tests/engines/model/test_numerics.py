@@ -18,16 +18,30 @@ OLD = CpuInfo("Intel Xeon E5", frozenset({"sse4_2", "avx"}))
     ("cpu", "isas", "isa"),
     [(ZEN3, ("scalar", "avx2"), "avx2"), (ZEN4, ("scalar", "avx2", "avx512"), "avx512"), (OLD, ("scalar",), "scalar")],
 )
-def test_the_served_default_is_float32_over_int8_on_the_widest_kernel(cpu, isas, isa):
-    numerics = choose_numerics("auto", "int8", True, cpu, isas)
+def test_the_served_default_is_float32_over_int_dot_on_the_widest_kernel(cpu, isas, isa):
+    numerics = choose_numerics("auto", "auto", True, cpu, isas)
     assert (numerics.dtype, numerics.quantization, numerics.batch_invariant, numerics.isa) == (
         "float32",
-        "int8",
+        "int-dot",
         True,
         isa,
     )
     assert numerics.kernels == f"batch-invariant/{isa}"
-    assert "float32 activations, int8 weights" in numerics.describe()
+    assert "float32 activations, int-dot weights" in numerics.describe()
+    assert "auto quantization: int-dot" in numerics.describe()
+
+
+def test_auto_quantization_serves_int8_without_gguf_blocks_or_batch_invariant_kernels():
+    safetensors = choose_numerics("auto", "auto", True, ZEN4, ("scalar", "avx2", "avx512"), gguf_checkpoint=False)
+    assert safetensors.quantization == "int8"
+    assert "the checkpoint has no GGUF blocks" in safetensors.reason
+    torch_kernels = choose_numerics("auto", "auto", False, ZEN4)
+    assert torch_kernels.quantization == "int8"
+    assert "torch's kernels have no integer dot products" in torch_kernels.reason
+    # An explicit choice is never replaced.
+    assert choose_numerics("auto", "int8", True, ZEN4, ("scalar", "avx2")).quantization == "int8"
+    explicit = choose_numerics("auto", "gguf", True, ZEN4, ("scalar", "avx2"), gguf_checkpoint=False)
+    assert explicit.quantization == "gguf"
 
 
 @pytest.mark.parametrize(("cpu", "dtype"), [(ZEN3, "float32"), (ZEN4, "bfloat16"), (SAPPHIRE_RAPIDS, "bfloat16")])

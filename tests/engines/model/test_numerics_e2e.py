@@ -32,6 +32,7 @@ def test_the_engine_reports_its_numerics(tiny_model_dir, tmp_path, flags, dtype,
             pb.GenerateRequest(token_ids=pb.TokenIds(ids=[5, 6, 7]), stopping=pb.StoppingCriteria(max_tokens=4))
         )
     assert (info.dtype, info.batch_invariant) == (dtype, batch_invariant)
+    # --quantization auto (the default) serves a safetensors model on int8: it has no GGUF blocks.
     assert info.quantization == (flags[flags.index("--quantization") + 1] if "--quantization" in flags else "int8")
     assert info.kernels.startswith("batch-invariant/") if batch_invariant else info.kernels == "torch"
     assert info.cpu == cpu_info().describe()

@@ -23,9 +23,9 @@ PROMPTS = ["The capital of France is", LONG_PROMPT]
 FLAGS = ["--model", "gemma3-270m", "--dtype", "float32", "--quantization", "none", "--max-model-len", "4096"]
 
 
-def generate_all(flags, log_path):
+def generate_all(flags, log_path, base=FLAGS):
     port = free_port()
-    engine = running(["engine", "--port", str(port), *FLAGS, *flags], port, timeout=300, log_path=str(log_path))
+    engine = running(["engine", "--port", str(port), *base, *flags], port, timeout=300, log_path=str(log_path))
     with engine as e, grpc.insecure_channel(e.address) as channel:
         info = control_pb2_grpc.ControlServiceStub(channel).GetServerInfo(cpb.GetServerInfoRequest())
         stub = generate_pb2_grpc.InferenceServiceStub(channel)
@@ -53,3 +53,16 @@ def test_gemma3_on_tp2_dcp2_matches_one_process_past_2000_tokens(tmp_path):
     assert info.kv_capacity_tokens == 2 * single_info.kv_capacity_tokens
     for expected, actual in zip(single, parallel, strict=True):
         assert_close(expected, actual, 1e-4)
+
+
+def test_gemma3_on_tp2_gives_one_process_bits_with_the_served_default(tmp_path):
+    """The served default for a GGUF is int-dot over its own blocks, and each rank takes its rows
+    of them (engines/parallel/sharding.py, shard_blocks): every output is one row's integer sums
+    through one float32 chain on one rank, so T = 2 gives T = 1's tokens and logprobs exactly."""
+    default = ["--model", "gemma3-270m", "--max-model-len", "4096"]
+    _, single = generate_all([], tmp_path / "single.log", base=default)
+    _, parallel = generate_all(["--tensor-parallel-size", "2"], tmp_path / "parallel.log", base=default)
+    for log in ("single.log", "parallel.log"):
+        assert "int-dot weights" in (tmp_path / log).read_text()
+    for expected, actual in zip(single, parallel, strict=True):
+        assert_close(expected, actual, 0.0)

@@ -246,13 +246,14 @@ def test_server_and_model_info(control):
     assert info.model == MODEL and info.max_model_len == 8192
     assert (info.parallelism.data_parallel_rank, info.parallelism.data_parallel_size) == (0, 1)
     model = control.GetModelInfo(cpb.GetModelInfoRequest())
-    # The served default: float32 activations over int8 weights on the batch-invariant kernels,
-    # on whichever instruction set this CPU has (the reply names it, and the CPU's flags).
+    # The served default for a packaged GGUF: float32 activations, the GGUF's blocks by integer
+    # dot products on the batch-invariant kernels, on whichever instruction set this CPU has (the
+    # reply names it, and the CPU's flags).
     assert (model.architecture, model.vocab_size, model.dtype, model.quantization) == (
         "llama",
         49152,
         "float32",
-        "int8",
+        "int-dot",
     )
     assert model.batch_invariant and model.kernels.startswith("batch-invariant/")
     assert "AVX2" in model.cpu and "AVX512-BF16" in model.cpu
