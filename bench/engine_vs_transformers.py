@@ -5,8 +5,9 @@ Both sides decode greedily from the same prompt for the same number of tokens. D
 start-up do not count. dpgate is measured as a user gets it, `dpgate engine` streaming over gRPC
 (bench/served_vs_core.py), and through its core (`LLMEngine.step` in this process, the ceiling);
 transformers through `generate`, timed by a logits processor.
-dpgate runs as served (batch-invariant kernels, float32 activations over int8 weights), on
-torch's kernels with the same dtype and weights (what invariance costs at batch 1), and as it
+dpgate runs as served (batch-invariant kernels, float32 activations, int-dot over the GGUF's
+blocks), on torch's kernels with the same dtype over int8 weights (what invariance costs at batch
+1; torch has no int-dot), and as it
 was served before the kernels (torch, bfloat16 + int8). The CPU and its flags are printed.
 
     python bench/engine_vs_transformers.py [--tokens 128] [--repeats 3] [--isa avx2] [--json FILE]
@@ -81,7 +82,7 @@ def main() -> None:
     if args.isa is None:  # `dpgate engine` has no ISA cap: its figure is this CPU's
         configurations["dpgate as served: dpgate engine over gRPC"] = (None, None)  # measured by the engine below
     configurations |= {
-        f"dpgate served: {served.dtype}+int8 {served.kernels}": (dpgate_decode_rate, served),
+        f"dpgate served: {served.dtype}+{served.quantization} {served.kernels}": (dpgate_decode_rate, served),
         f"dpgate {served.dtype}+int8 torch kernels": (dpgate_decode_rate, engine_numerics(False, dtype=served.dtype)),
         "dpgate bf16+int8 torch (the old default)": (dpgate_decode_rate, engine_numerics(False, dtype="bfloat16")),
         "transformers bf16": (transformers_decode_rate, torch.bfloat16),

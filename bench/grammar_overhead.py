@@ -1,5 +1,5 @@
 """What grammar-masked sampling costs: decode tokens/s at batch 8 with and without a JSON schema,
-in one run, on the served default (batch-invariant kernels; float32 activations over int8 weights).
+in one run, on the served default (batch-invariant kernels; float32 activations, int-dot over the GGUF's blocks).
 
 8 chat requests decode through the engine core (`LLMEngine`, the loop behind the gRPC server),
 greedy: unconstrained with eos ignored, and constrained by a JSON schema whose one string must be

@@ -8,8 +8,8 @@ step of 16 sequences, 256: one prompt's prefill) on:
   gguf       dpgate's quant_linear over the GGUF grid as shipped (Q4_1 nibbles, Q8_0 bytes)
   gguf-gemv  the same kernel called once per row (what a GEMV-per-row prefill would cost)
   int-dot    dpgate's int_linear over the same GGUF codes, activations quantized to int8 per 32
-             values, exact int32 sums (vpdpbusd with --isa avx512_vnni; `--quantization int-dot`)
-  int8       dpgate's linear over int8 re-quantized per output row (the old served default)
+             values, exact int32 sums (vpdpbusd with --isa avx512_vnni; the served default)
+  int8       dpgate's linear over int8 re-quantized per output row (the served default until 2026-12-05)
   f32        dpgate's linear over the float32 dequantized weights
   torch-int4 torch.ops.aten._weight_int4pack_mm_for_cpu (what torchao's CPU int4 layout calls);
              bfloat16 scale+zero per group of 32, w = (q - 8) * scale + zero

@@ -2,7 +2,7 @@
 
 64 requests of 256 prompt tokens each generate 128 tokens (eos ignored) with 16 in flight. dpgate
 runs them with continuous batching through its engine core (`LLMEngine`, the loop behind the gRPC
-server) three times: as served (batch-invariant kernels; float32 activations over int8 weights),
+server) three times: as served (batch-invariant kernels; float32 activations, int-dot over the GGUF's blocks),
 on torch's kernels with the same dtype and weights (what batch invariance costs), and as served
 before the kernels existed (torch's kernels, bfloat16 + int8).
 transformers runs them one at a time (`generate`) and with its own static batching (16 prompts
