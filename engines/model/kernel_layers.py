@@ -4,8 +4,9 @@
 nn.Linear (the tied lm_head included) becomes a `KernelLinear` over packed int8 (one scale per
 output row, symmetric max-abs / 127), unquantized weights, or (`--quantization gguf`) the GGUF's
 own quantized blocks (engines/kernels/gguf_blocks.py), which `--quantization int-dot` multiplies
-by activations quantized to int8 with exact integer sums (csrc/int_linear.h; down_proj keeps
-float32 activations, see FLOAT_ACTIVATION_LAYERS), every RMSNorm a `KernelRMSNorm`,
+by activations quantized to int8 with exact integer sums (csrc/int_linear.h; qkv_proj and
+down_proj keep float32 activations over int8 weights, see FLOAT_ACTIVATION_LAYERS), every RMSNorm
+a `KernelRMSNorm`,
 and every gated MLP computes activation(gate) * up in one kernel. Attention goes through the
 kernel when the runner's AttentionMetadata names an instruction set (engines/kv/attention.py).
 The model's own code is unchanged: the layers keep their names and call signatures.
@@ -22,10 +23,14 @@ from engines.model.gemma3 import GemmaRMSNorm
 from engines.model.llama import LlamaMLP, RMSNorm
 from engines.model.quantization import quantize_rows_int8
 
-# Under --quantization int-dot, the linear layers that keep float32 activations over the GGUF's
-# blocks: down_proj's inputs (the gated activations) have outliers that an 8-bit grid per 32
-# values loses; docs/engine.md gives the perplexity figures behind this choice.
-FLOAT_ACTIVATION_LAYERS = frozenset({"down_proj"})
+# Under --quantization int-dot, the linear layers that keep float32 activations, over int8 weights
+# (one scale per output row, as --quantization int8 serves them): their inputs have outliers that
+# an 8-bit grid per 32 values loses. down_proj's (the gated activations) cost +0.09% of SmolLM2's
+# perplexity; qkv_proj's (the normed residual stream, whose attention-sink channels are large)
+# cost +0.13% and flipped SmolLM2's greedy answer to "What is the capital of France?" in Chat.
+# int8 weights rather than the GGUF's blocks in float32 arithmetic, because that path is the
+# slowest at batch 1 (docs/engine.md, "Integer dot products", gives the figures for each choice).
+FLOAT_ACTIVATION_LAYERS = frozenset({"qkv_proj", "down_proj"})
 
 
 class KernelLinear(nn.Module):
@@ -107,6 +112,8 @@ def use_invariant_kernels(
         if isinstance(child, nn.Linear) and child.bias is None:
             blocks = (shipped or {}).get(path + ".weight") if quantization in ("gguf", "int-dot") else None
             int_dot = quantization == "int-dot" and name not in FLOAT_ACTIVATION_LAYERS
+            if quantization == "int-dot" and not int_dot:
+                blocks = None  # float32 activations over int8 weights (FLOAT_ACTIVATION_LAYERS)
             setattr(model, name, KernelLinear(child, quantization, isa, blocks, int_dot))
         elif isinstance(child, RMSNorm):
             setattr(model, name, KernelRMSNorm(child, isa))

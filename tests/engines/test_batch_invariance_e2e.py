@@ -108,7 +108,7 @@ def engine_args(port: int, metrics_port: int, *extra: str) -> list[str]:
 def check_served_default(address: str) -> None:
     with grpc.insecure_channel(address) as channel:
         info = control_pb2_grpc.ControlServiceStub(channel).GetModelInfo(cpb.GetModelInfoRequest())
-    assert info.batch_invariant and (info.dtype, info.quantization) == ("float32", "int8")
+    assert info.batch_invariant and (info.dtype, info.quantization) == ("float32", "int-dot")
     print(f"\nkernels: {info.kernels} on {info.cpu}")
 
 
