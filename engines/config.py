@@ -14,7 +14,7 @@ from dpgate.engine_token import EngineTokenError, read_engine_token
 from dpgate.host import usable_cores
 from dpgate.logs import LOG_FORMATS, add_log_format_argument
 from engines.grammar.limits import DEFAULT_COMPILE_BUDGET_S
-from engines.model.numerics import AUTO_DTYPE
+from engines.model.numerics import AUTO_DTYPE, KERNEL_ISAS
 from engines.model.source import DEFAULT_MODEL
 from engines.parallel.plan import ParallelConfigError, ParallelPlan
 from engines.sampling.params import DEFAULT_MAX_STOP_STRING_BYTES, DEFAULT_MAX_STOP_STRINGS
@@ -24,6 +24,8 @@ from engines.scheduling.scheduler import SchedulerConfig
 DTYPES = (AUTO_DTYPE, "bfloat16", "float16", "float32")
 # see engines/model/quantization.py, engines/kernels/gguf_blocks.py and engines/kernels/csrc/int_linear.h
 QUANTIZATIONS = ("auto", "none", "int8", "gguf", "int-dot")
+# --kernel-isa: "auto" serves the fastest instruction set that passes its start-up self-check.
+KERNEL_ISA_CHOICES = ("auto", *KERNEL_ISAS)
 DEFAULT_PORT = 50051
 # A StatefulSet pod's hostname is `<statefulset name>-<ordinal>`; the ordinal is the DP rank.
 _HOSTNAME_ORDINAL = re.compile(r"-(0|[1-9][0-9]*)$")
@@ -57,6 +59,7 @@ class EngineConfig:
     num_threads: int | None = None
     quantization: str = "auto"
     batch_invariant: bool = True
+    kernel_isa: str = "auto"
     prefix_caching: bool = True
     tensor_parallel_size: int = 1
     decode_context_parallel_size: int = 1
@@ -124,6 +127,10 @@ class EngineConfig:
             raise ConfigError(f"--quantization {self.quantization} must be one of {', '.join(QUANTIZATIONS)}")
         if self.quantization == "int-dot" and not self.batch_invariant:
             raise ConfigError("--quantization int-dot needs the batch-invariant kernels; drop --no-batch-invariant")
+        if self.kernel_isa not in KERNEL_ISA_CHOICES:
+            raise ConfigError(f"--kernel-isa {self.kernel_isa} must be one of {', '.join(KERNEL_ISA_CHOICES)}")
+        if self.kernel_isa != "auto" and not self.batch_invariant:
+            raise ConfigError("--kernel-isa names a batch-invariant kernel; drop --no-batch-invariant")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError(f"--num-threads {self.num_threads} must be >= 1")
         if self.max_waiting < 0:
@@ -192,6 +199,7 @@ class EngineConfig:
             num_threads=args.num_threads,
             quantization=args.quantization,
             batch_invariant=args.batch_invariant,
+            kernel_isa=args.kernel_isa,
             prefix_caching=args.prefix_caching,
             tensor_parallel_size=args.tensor_parallel_size,
             decode_context_parallel_size=args.decode_context_parallel_size,
@@ -346,6 +354,13 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="compute with dpgate's batch-invariant kernels, so a request's tokens and logprobs never depend "
         "on its batch (the default); --no-batch-invariant uses torch's kernels",
+    )
+    parser.add_argument(
+        "--kernel-isa",
+        default="auto",
+        help="the most capable instruction set the batch-invariant kernels may use: auto (the default: the "
+        "fastest this CPU runs and passes its start-up self-check), avx512_vnni, avx512, avx2 or scalar; a cap, "
+        "e.g. to serve as an AVX2-only CPU would. Every set gives the same bits",
     )
     add_prefix_caching_argument(parser)
     add_parallel_arguments(parser)

@@ -7,6 +7,7 @@ then the port, and only then the seconds of model loading.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import threading
@@ -29,7 +30,7 @@ from engines.grammar.compiler import GrammarCompiler
 from engines.kernels import KernelBuildError
 from engines.kernels.cpu import cpu_info
 from engines.model.fingerprint import model_fingerprint
-from engines.model.numerics import Numerics, NumericsError, choose_numerics
+from engines.model.numerics import KERNEL_ISAS, Numerics, NumericsError, choose_numerics
 from engines.model.source import ModelSource, SourceKind, resolve_model
 from engines.runner.thread_choice import ThreadChoice, ThreadSource
 from engines.serving.async_engine import AsyncEngine
@@ -64,11 +65,26 @@ def numerics_for(config: EngineConfig, source: ModelSource) -> Numerics:
             isas = kernels.supported_isas()
         except KernelBuildError as error:
             raise ConfigError(f"--batch-invariant: {error}") from error
+        isas = capped_isas(isas, config.kernel_isa)
     try:
         gguf = source.kind is SourceKind.GGUF
-        return choose_numerics(config.dtype, config.quantization, config.batch_invariant, cpu_info(), isas, gguf)
+        numerics = choose_numerics(config.dtype, config.quantization, config.batch_invariant, cpu_info(), isas, gguf)
     except NumericsError as error:
         raise ConfigError(str(error)) from error
+    if config.kernel_isa != "auto":
+        numerics = dataclasses.replace(numerics, reason=f"{numerics.reason}; --kernel-isa {config.kernel_isa}")
+    return numerics
+
+
+def capped_isas(isas: tuple[str, ...], kernel_isa: str) -> tuple[str, ...]:
+    """`isas` (what this CPU runs) less those above `--kernel-isa`; a cap the CPU cannot run is refused
+    rather than served by something slower than asked."""
+    if kernel_isa == "auto":
+        return isas
+    if kernel_isa not in isas:
+        raise ConfigError(f"--kernel-isa {kernel_isa}: this CPU's kernels run {', '.join(isas)}")
+    allowed = KERNEL_ISAS[KERNEL_ISAS.index(kernel_isa) :]
+    return tuple(isa for isa in isas if isa in allowed)
 
 
 def _warm_up_grammars(grammars: GrammarCompiler) -> None:

@@ -74,6 +74,11 @@ def bad_flag_cases(tmp_path):
             ["--quantization", "int-dot", "--no-batch-invariant"],
             "--quantization int-dot needs the batch-invariant kernels; drop --no-batch-invariant",
         ),
+        (
+            ["--kernel-isa", "avx9"],
+            "--kernel-isa avx9 must be one of auto, avx512_vnni, avx512, avx2, scalar",
+        ),
+        (["--kernel-isa", "avx2", "--no-batch-invariant"], "--kernel-isa names a batch-invariant kernel"),
         (["--worker-step-timeout", "0"], "--worker-step-timeout 0.0 must be > 0"),
         (
             ["--chat-template", str(tmp_path / "missing.jinja")],

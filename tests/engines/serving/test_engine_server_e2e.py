@@ -376,3 +376,25 @@ def test_dpgate_generate_streams_a_completion_to_the_terminal(engine):
     bad = subprocess.run([*command, "--max-tokens", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1
     assert bad.stderr.strip() == "dpgate generate: INVALID_ARGUMENT: stopping.max_tokens must be >= 1"
+
+
+def test_an_engine_capped_at_avx2_names_it_and_answers_with_the_same_bits(inference, tmp_path):
+    """`--kernel-isa avx2` serves as an AVX2-only CPU would (every CPU this project runs on has AVX2):
+    GetModelInfo names the cap, and the answer equals the default engine's bit for bit, whatever this
+    CPU's fastest kernels are."""
+    request = pb.GenerateRequest(
+        text=CHAT_PROMPT, sampling=GREEDY, stopping=pb.StoppingCriteria(max_tokens=8),
+        logprobs=pb.LogprobsOptions(top_n=2),
+    )  # fmt: skip
+    port = free_port()
+    flags = ["engine", "--port", str(port), "--kernel-isa", "avx2"]
+    log = str(tmp_path / "engine.log")
+    with running(flags, port, log_path=log) as capped, grpc.insecure_channel(capped.address) as channel:
+        model = control_pb2_grpc.ControlServiceStub(channel).GetModelInfo(cpb.GetModelInfoRequest())
+        reply = generate_pb2_grpc.InferenceServiceStub(channel).Generate(request)
+    assert model.kernels == "batch-invariant/avx2" and model.quantization == "int-dot"
+    expected = inference.Generate(request)
+    assert "Paris" in reply.text
+    assert (reply.text, list(reply.token_ids), list(reply.logprobs)) == (
+        expected.text, list(expected.token_ids), list(expected.logprobs),
+    )  # fmt: skip
