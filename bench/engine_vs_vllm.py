@@ -272,6 +272,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine-flag", action="append", default=[], metavar="FLAG",
                         help="a flag for `dpgate engine` (repeatable; e.g. --engine-flag=--quantization=int-dot); "
                         "default: none, the served default")  # fmt: skip
+    parser.add_argument("--isa", choices=["avx2"],
+                        help="run both as an AVX2-only CPU would: dpgate with --kernel-isa avx2, vLLM with torch, "
+                        "oneDNN and its own kernels capped at AVX2 (bench/vllm_peer.py says how)")  # fmt: skip
     add_json_argument(parser)
     return parser.parse_args(argv)
 
@@ -289,12 +292,15 @@ async def run(args: argparse.Namespace, logs: Path) -> dict:
     venv = install(cache, log=lambda text: print(text, flush=True))
     model_dir = hf_directory(cache, resolve_model("smollm2-135m-instruct").path)
     vllm_port, dpgate_port = free_port(), free_port()
-    command, env = serve_command(venv, model_dir, vllm_port, args.threads or len(os.sched_getaffinity(0)))
+    command, env = serve_command(venv, model_dir, vllm_port, args.threads or len(os.sched_getaffinity(0)), args.isa)
     dpgate_env = dict(os.environ, PYTHONPATH=str(ROOT))
     dpgate_command = [sys.executable, "-m", "dpgate.cli", "engine", "--port", str(dpgate_port)]
     if args.threads is not None:
         dpgate_command += ["--num-threads", str(args.threads)]
     dpgate_command += args.engine_flag
+    if args.isa is not None:
+        dpgate_command += ["--kernel-isa", args.isa]
+        print(f"both capped at {args.isa}", flush=True)
     if args.engine_flag:
         print(f"dpgate engine flags: {' '.join(args.engine_flag)}", flush=True)
     clients = [DpgateClient(f"127.0.0.1:{dpgate_port}"), VllmClient(f"127.0.0.1:{vllm_port}")]

@@ -94,11 +94,39 @@ def _write_hf_directory(gguf: Path, out: Path) -> None:
     scratch.rename(out)
 
 
-def serve_command(venv: Path, model_dir: Path, port: int, threads: int) -> tuple[list[str], dict[str, str]]:
+# What vLLM asks torch about the CPU before it picks its kernels (vllm/platforms/cpu.py loads
+# _C_AVX2 when AVX-512 is absent; its attention and linear backends ask the rest).
+_AVX512_QUERIES = ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
+                   "_is_amx_tile_supported", "_is_amx_fp16_supported")  # fmt: skip
+_AVX2_SITECUSTOMIZE = f"""# written by dpgate's bench/vllm_peer.py: vLLM as an AVX2-only CPU would run it
+import torch.cpu
+
+for _name in {_AVX512_QUERIES!r}:
+    if hasattr(torch.cpu, _name):
+        setattr(torch.cpu, _name, lambda: False)
+"""
+
+
+def serve_command(
+    venv: Path, model_dir: Path, port: int, threads: int, isa: str | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """`vllm serve` and its environment. `isa="avx2"` runs it as on an AVX2-only CPU, as far as its
+    switches reach: torch's kernels (ATEN_CPU_CAPABILITY, which torch.compile's code generation
+    follows too), oneDNN (ONEDNN_MAX_CPU_ISA), and vLLM's own choice of its AVX2 kernel library (the
+    torch.cpu queries it asks answer no, by a sitecustomize in a folder of its own); its compile
+    caches go to a folder of their own so no AVX-512 code is reused."""
     command = [str(venv / "bin" / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
                "--served-model-name", "smollm2", "--max-model-len", "4096", "--dtype", "bfloat16"]  # fmt: skip
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4", OMP_NUM_THREADS=str(threads))
     env.pop("PYTHONPATH", None)  # dpgate's checkout must not shadow anything in vLLM's venv
+    if isa == "avx2":
+        capped = venv / "dpgate-avx2"
+        (capped / "site").mkdir(parents=True, exist_ok=True)
+        (capped / "site" / "sitecustomize.py").write_text(_AVX2_SITECUSTOMIZE)
+        env.update(ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", PYTHONPATH=str(capped / "site"))
+        env.update(VLLM_CACHE_ROOT=str(capped / "vllm-cache"), TORCHINDUCTOR_CACHE_DIR=str(capped / "inductor"))
+    elif isa is not None:
+        raise ValueError(f"isa {isa!r}: only avx2 can be emulated")
     return command, env
 
 

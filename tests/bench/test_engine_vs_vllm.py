@@ -45,6 +45,22 @@ def test_vllm_serves_without_dpgates_checkout_on_its_path(tmp_path, monkeypatch)
     assert "PYTHONPATH" not in env and env["OMP_NUM_THREADS"] == "2"
 
 
+def test_the_avx2_serve_command_caps_torch_onednn_and_vllms_own_kernel_choice(tmp_path):
+    _, env = vllm_peer.serve_command(tmp_path, tmp_path / "model", 8123, 2, isa="avx2")
+    assert (env["ATEN_CPU_CAPABILITY"], env["ONEDNN_MAX_CPU_ISA"]) == ("avx2", "AVX2")
+    site = tmp_path / "dpgate-avx2" / "site"
+    assert env["PYTHONPATH"] == str(site) and str(tmp_path / "dpgate-avx2") in env["VLLM_CACHE_ROOT"]
+    import torch
+
+    originals = {name: getattr(torch.cpu, name) for name in vllm_peer._AVX512_QUERIES if hasattr(torch.cpu, name)}
+    try:
+        exec(compile((site / "sitecustomize.py").read_text(), "sitecustomize.py", "exec"), {})
+        assert not torch.cpu._is_avx512_supported() and not torch.cpu._is_amx_tile_supported()
+    finally:
+        for name, function in originals.items():
+            setattr(torch.cpu, name, function)
+
+
 def test_percentiles_and_request_timings():
     assert engine_vs_vllm.percentile([5.0, 1.0, 3.0], 50) == 3.0
     assert engine_vs_vllm.percentile(list(range(1, 101)), 99) == 99
