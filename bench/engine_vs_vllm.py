@@ -99,9 +99,9 @@ class DpgateClient:
 
 
 class VllmClient:
-    name = "vLLM CPU 0.32 (bf16, OpenAI HTTP)"
-
-    def __init__(self, address: str):
+    def __init__(self, address: str, dtype: str = "bfloat16", isa: str | None = None):
+        short = {"bfloat16": "bf16", "float32": "fp32"}.get(dtype, dtype)
+        self.name = f"vLLM CPU 0.32 ({short}{', ' + isa.upper() if isa else ''}, OpenAI HTTP)"
         self.url = f"http://{address}/v1/completions"
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
 
@@ -275,6 +275,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--isa", choices=["avx2"],
                         help="run both as an AVX2-only CPU would: dpgate with --kernel-isa avx2, vLLM with torch, "
                         "oneDNN and its own kernels capped at AVX2 (bench/vllm_peer.py says how)")  # fmt: skip
+    parser.add_argument("--vllm-dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="vLLM's --dtype (default: %(default)s, its choice with AVX512-BF16; without it, "
+                        "bfloat16 is emulated and float32 is what a user would pick)")  # fmt: skip
     add_json_argument(parser)
     return parser.parse_args(argv)
 
@@ -292,7 +295,8 @@ async def run(args: argparse.Namespace, logs: Path) -> dict:
     venv = install(cache, log=lambda text: print(text, flush=True))
     model_dir = hf_directory(cache, resolve_model("smollm2-135m-instruct").path)
     vllm_port, dpgate_port = free_port(), free_port()
-    command, env = serve_command(venv, model_dir, vllm_port, args.threads or len(os.sched_getaffinity(0)), args.isa)
+    threads = args.threads or len(os.sched_getaffinity(0))
+    command, env = serve_command(venv, model_dir, vllm_port, threads, args.isa, args.vllm_dtype)
     dpgate_env = dict(os.environ, PYTHONPATH=str(ROOT))
     dpgate_command = [sys.executable, "-m", "dpgate.cli", "engine", "--port", str(dpgate_port)]
     if args.threads is not None:
@@ -303,7 +307,8 @@ async def run(args: argparse.Namespace, logs: Path) -> dict:
         print(f"both capped at {args.isa}", flush=True)
     if args.engine_flag:
         print(f"dpgate engine flags: {' '.join(args.engine_flag)}", flush=True)
-    clients = [DpgateClient(f"127.0.0.1:{dpgate_port}"), VllmClient(f"127.0.0.1:{vllm_port}")]
+    vllm = VllmClient(f"127.0.0.1:{vllm_port}", args.vllm_dtype, args.isa)
+    clients = [DpgateClient(f"127.0.0.1:{dpgate_port}"), vllm]
     # One after the other: dpgate's start-up thread trial must not run while vLLM loads and compiles
     # beside it (a contended trial picks fewer threads than the machine gives a quiet engine).
     starts = [(dpgate_command, dpgate_env, "dpgate.log"), (command, env, "vllm.log")]

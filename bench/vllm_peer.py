@@ -108,7 +108,7 @@ for _name in {_AVX512_QUERIES!r}:
 
 
 def serve_command(
-    venv: Path, model_dir: Path, port: int, threads: int, isa: str | None = None
+    venv: Path, model_dir: Path, port: int, threads: int, isa: str | None = None, dtype: str = "bfloat16"
 ) -> tuple[list[str], dict[str, str]]:
     """`vllm serve` and its environment. `isa="avx2"` runs it as on an AVX2-only CPU, as far as its
     switches reach: torch's kernels (ATEN_CPU_CAPABILITY, which torch.compile's code generation
@@ -116,7 +116,7 @@ def serve_command(
     torch.cpu queries it asks answer no, by a sitecustomize in a folder of its own); its compile
     caches go to a folder of their own so no AVX-512 code is reused."""
     command = [str(venv / "bin" / "vllm"), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-               "--served-model-name", "smollm2", "--max-model-len", "4096", "--dtype", "bfloat16"]  # fmt: skip
+               "--served-model-name", "smollm2", "--max-model-len", "4096", "--dtype", dtype]  # fmt: skip
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="4", OMP_NUM_THREADS=str(threads))
     env.pop("PYTHONPATH", None)  # dpgate's checkout must not shadow anything in vLLM's venv
     if isa == "avx2":
