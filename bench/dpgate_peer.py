@@ -107,7 +107,14 @@ class ServedDpgatePeer:
       output tokens / wall time.
     """
 
-    def __init__(self, quantization: str, max_num_seqs: int, max_model_len: int, num_threads: int | None = None):
+    def __init__(
+        self,
+        quantization: str,
+        max_num_seqs: int,
+        max_model_len: int,
+        num_threads: int | None = None,
+        kernel_isa: str | None = None,
+    ):
         import grpc
 
         from dpgate.v1 import control_pb2, control_pb2_grpc, generate_pb2_grpc
@@ -118,13 +125,16 @@ class ServedDpgatePeer:
                  "--max-model-len", str(max_model_len)]  # fmt: skip
         if num_threads is not None:
             flags += ["--num-threads", str(num_threads)]
+        if kernel_isa is not None:
+            flags += ["--kernel-isa", kernel_isa]
         self.process = subprocess.Popen(dpgate_command(*flags), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         address = f"127.0.0.1:{port}"
         poll_until_serving(address, timeout=300, process=self.process, interval=0.2)
         self.channel = grpc.insecure_channel(address)
         self.stub = generate_pb2_grpc.InferenceServiceStub(self.channel)
         info = control_pb2_grpc.ControlServiceStub(self.channel).GetModelInfo(control_pb2.GetModelInfoRequest())
-        self.description = f"dpgate engine over gRPC, {info.num_threads} thread(s) ({quantization})"
+        kernels = f"{info.quantization}, {info.kernels}"
+        self.description = f"dpgate engine over gRPC, {info.num_threads} thread(s) ({kernels})"
 
     def _stream(self, prompt: list[int], max_tokens: int) -> tuple[float, list[float]]:
         from dpgate.v1 import generate_pb2 as pb

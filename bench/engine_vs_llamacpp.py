@@ -16,8 +16,9 @@ both are fed the same random prompt token ids. Figures:
 Each peer is a subprocess holding its model (its threads never compete with the other's); the
 parent alternates them, figure by figure, after one warm-up round, and prints the median of
 `--repeats` runs with the ratio dpgate / llama.cpp and the CPU's flags. `--isa avx2` emulates an
-AVX2-only machine on an AVX-512 one (with `--dpgate core`): dpgate's kernels and torch capped at
-AVX2 (bench/machine.py), llama.cpp from a second build with AVX-512 off. `--json FILE` writes the rows.
+AVX2-only machine on an AVX-512 one: dpgate's kernels capped at AVX2 (the served engine's
+`--kernel-isa avx2`; in-process, bench/machine.py) and torch too, llama.cpp from a second build with
+AVX-512 off. `--json FILE` writes the rows.
 
     python bench/engine_vs_llamacpp.py [--quantization int8] [--isa avx2] [--threads N] [--json out.json]
 """
@@ -159,7 +160,7 @@ def serve_peer(args: argparse.Namespace) -> None:
             from dpgate_peer import ServedDpgatePeer
             from machine import describe_machine
 
-            peer = ServedDpgatePeer(args.quantization, args.concurrency, args.max_model_len)
+            peer = ServedDpgatePeer(args.quantization, args.concurrency, args.max_model_len, kernel_isa=args.isa)
             ready = {"describe": peer.description, "machine": describe_machine()}
         elif args.serve_peer == "dpgate":
             from dpgate_peer import DpgatePeer
@@ -242,8 +243,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--dpgate",
         choices=("served", "core"),
         default="served",
-        help="served: `dpgate engine` over gRPC, as a user gets it (default); core: LLMEngine.step() in-process, "
-        "the ceiling (and the only way to cap dpgate's kernels with --isa)",
+        help="served: `dpgate engine` over gRPC, as a user gets it (default; --isa passes --kernel-isa to it); "
+        "core: LLMEngine.step() in-process, the ceiling",
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads of each peer")
     parser.add_argument("--repeats", type=int, default=3, help="measured rounds per figure (median reported)")
@@ -267,8 +268,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--clock cpu needs --threads 1 (CPU time adds up across threads)")
     if args.output_tokens < 2:
         parser.error("--output-tokens must be >= 2 (the first output token comes from the prefill)")
-    if args.isa and args.dpgate == "served":
-        parser.error("--isa caps the kernels of the in-process core only: add --dpgate core")
     if args.clock == "cpu" and args.dpgate == "served":
         parser.error("--clock cpu times the in-process core only: add --dpgate core")
     args.sizes = Sizes(args.decode_tokens, args.prompt_tokens, args.output_tokens, args.concurrency)
