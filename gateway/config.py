@@ -79,7 +79,7 @@ class GatewayConfig:
     metrics_port: int | None = None
     policy: str = "cache-aware"
     # The cache-aware policy's knobs (gateway/routing/cache_aware.py, docs/gateway.md).
-    cache_prefill_weight: float = 1.0
+    cache_prefill_weight: float = 16.0
     cache_load_weight: float = 1.0
     cache_balance_ratio: float = 1.5
     cache_balance_slack: int = 4

@@ -35,7 +35,7 @@ class RouteReason(enum.Enum):
 class CacheAwareWeights:
     """The policy's knobs (flags --cache-prefill-weight, --cache-load-weight, --cache-balance-*)."""
 
-    prefill_weight: float = 1.0
+    prefill_weight: float = 16.0
     load_weight: float = 1.0
     balance_ratio: float = 1.5
     balance_slack: int = 4

@@ -34,6 +34,16 @@ def test_load_in_tokens_outweighs_a_small_hit():
     assert policy.last_reason is RouteReason.LOAD
 
 
+def test_by_default_a_held_prefix_outweighs_a_load_gap_smaller_than_16_prompts_of_it():
+    """The default prefill weight (16, chosen by bench/routing.py): a group's 1,000-token prefix
+    stays on its engine though that engine holds 8,000 more load tokens (at weight 1 it moved, and
+    every engine it moved to computed the prefix again); a gap past 16 x the saving moves it."""
+    policy = CacheAware()
+    assert policy.select([view(0, tokens=8000), view(1)], ask(1064, e0=992)) == 0
+    assert policy.last_reason is RouteReason.CACHE
+    assert policy.select([view(0, tokens=17_000), view(1)], ask(1064, e0=992)) == 1
+
+
 def test_misses_rotate_over_tied_engines_never_the_same_one():
     policy = CacheAware()
     engines = [view(0), view(1), view(2)]
