@@ -9,6 +9,8 @@ the queue to prefill its prompt and output again. Pure bookkeeping: no torch.
 Prefix caching: a sequence taken from the queue first looks its leading full blocks up in the
 block manager's cache; the blocks found are shared into its table and its computed tokens start
 after them, so only the rest is prefilled (in chunks, within the budget, as any prompt). A
+sequence whose first missing block a running prompt is still computing stays in the queue (those
+behind it may go first) until that block is cached, instead of computing it a second time. A
 request asking for prompt logprobs does not look up: every position it scores must be computed
 (its blocks are still registered for others). The token count taken from the cache at a
 request's first admission is what its usage reports.
@@ -125,18 +127,22 @@ class Scheduler:
                 continue
             output.add(seq, num_tokens, prompt=remaining > 1)
             budget -= num_tokens
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+        index = 0  # waiting sequences before it wait for a running prefill of their prefix
+        while index < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             if output.num_preempted:
                 break  # blocks are short: let the running sequences drain first
             if self._full_after_a_finished_prompt(output, budget):
                 break
-            seq = self.waiting[0]
+            seq = self.waiting[index]
             hit = self._lookup(seq)
+            if self._awaits_running_prefill(seq, len(hit.blocks)):
+                index += 1
+                continue
             num_cached = len(hit.blocks) * self.block_manager.block_size
             num_tokens = min(seq.num_tokens - num_cached, budget)
             if not self.block_manager.can_take(hit, seq.block_table, num_cached + num_tokens):
                 break
-            self.waiting.popleft()
+            del self.waiting[index]
             self.running.append(seq)
             self._admit(seq, hit)
             self.block_manager.grow(seq.block_table, seq.num_computed_tokens + num_tokens)
@@ -166,6 +172,30 @@ class Scheduler:
         if seq.sampling.prompt_logprobs is not None or not self.block_manager.enable_caching:
             return PrefixHit()
         return self.block_manager.match_prefix(seq.prefix, seq.token_ids)
+
+    def _awaits_running_prefill(self, seq: Sequence, num_hit_blocks: int) -> bool:
+        """Whether a running prompt is still to compute the first block `seq` would miss.
+
+        A block is cached only once computed, so two prompts with one prefix admitted in the same
+        step or two (a group's calls routed together, a conversation's retry) would both compute
+        it. The later one waits in the queue, letting those behind it go first, until the earlier
+        has computed the block (a few steps at most: running prefills go before admissions), and
+        then takes it from the cache. A sequence preempted or finished stops holding anyone back.
+        """
+        hashes = seq.prefix.hashes
+        if num_hit_blocks >= len(hashes) or not self.block_manager.enable_caching:
+            return False
+        wanted = hashes[num_hit_blocks]
+        computed_before = (num_hit_blocks + 1) * self.block_manager.block_size
+        for other in self.running:
+            others = other.prefix.hashes
+            if (
+                num_hit_blocks < len(others)
+                and others[num_hit_blocks] == wanted
+                and other.num_computed_tokens < computed_before
+            ):
+                return True
+        return False
 
     def _admit(self, seq: Sequence, hit: PrefixHit) -> None:
         """Share the hit's blocks into the sequence's empty table; its computation starts after them."""

@@ -212,3 +212,30 @@ def test_a_threshold_at_the_budget_keeps_the_plain_budget_rule():
     for i in range(6):
         scheduler.add(FakeSequence(f"q{i}", list(range(80))))
     assert [n for _, n, _ in step_plan(run_step(scheduler))] == [80] * 6
+
+
+def test_a_prompt_whose_prefix_a_running_prompt_is_computing_waits_and_then_hits_the_cache():
+    scheduler = make(num_blocks=32, block_size=4, caching=True, max_num_batched_tokens=24)
+    first = FakeSequence("a", [*range(16), 70], max_tokens=1)
+    twin = FakeSequence("b", [*range(16), 80], max_tokens=1)  # the same 16-token prefix
+    other = FakeSequence("c", [90, 91, 92], max_tokens=1)  # nothing shared: never held back
+    for seq in (first, twin, other):
+        scheduler.add(seq)
+    output = run_step(scheduler)
+    # "b" would miss the block "a" is computing: it waits; "c" behind it is admitted meanwhile.
+    assert [c.seq.request_id for c in output.chunks] == ["a", "c"]
+    assert list(scheduler.waiting) == [twin]
+    while twin.num_cached_tokens is None:
+        run_step(scheduler)
+    assert twin.num_cached_tokens == 16  # every block of the prefix came from the cache
+    assert twin.block_table[:4] == first.block_table[:4]
+
+
+def test_without_caching_nothing_waits_for_a_running_prefill():
+    scheduler = make(num_blocks=32, block_size=4, caching=False, max_num_batched_tokens=64)
+    first = FakeSequence("a", [*range(16), 70], max_tokens=1)
+    twin = FakeSequence("b", [*range(16), 80], max_tokens=1)
+    scheduler.add(first)
+    scheduler.add(twin)
+    run_step(scheduler)
+    assert not scheduler.waiting and twin in scheduler.running
