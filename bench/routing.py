@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="dpgate-routing-"))
     engines = [SizedEngine(rank, args.engines, log_dir, flags) for rank in range(args.engines)]
     header = f"{'workload':<34}{'policy':>14}{'reqs':>6}{'p50':>8}{'p90':>8}{'p99 ms':>8}{'tok/s':>8}"
-    print(header + f"{'hit':>7}{'oracle':>8}{'calls':>7}{'work':>7}  (max/min per engine)")
+    print(header + f"{'hit':>7}{'oracle':>8}{'calls':>7}{'work':>8}  (max/min per engine)")
     cases = []
     try:
         for engine in engines:
@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"({case}) {name:<30}{policy:>14}{run['requests']:>6}{run['ttft_p50_ms']:>8.0f}"
                       f"{run['ttft_p90_ms']:>8.0f}{run['ttft_p99_ms']:>8.0f}{run['output_tokens_per_s']:>8.1f}"
                       f"{run['hit_rate']:>7.2f}{run['oracle_hit_rate']:>8.2f}{run['max_min_calls']:>7.2f}"
-                      f"{run['max_min_work']:>7.2f}",
+                      f"{run['max_min_work']:>8.2f}",
                       flush=True)  # fmt: skip
             cases.append({"case": case, "name": name, "runs": runs})
     finally:
