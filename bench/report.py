@@ -92,7 +92,8 @@ BENCHMARKS = (
         1200,
     ),
     # The sizes (4 engines, 32 x 8 calls of 1,000-token prefixes, every policy, four workloads) take
-    # hours on 2 cores; the report runs a scaled-down shape with the same cache pressure.
+    # about an hour on 2 cores (56 min on an Intel Xeon, docs/performance.md); the report runs a scaled-down
+    # shape with the same cache pressure.
     Benchmark(
         "routing",
         ("--groups", "8", "--prompts-per-group", "4", "--prefix-tokens", "256", "--question-tokens", "32",
