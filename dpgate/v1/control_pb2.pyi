@@ -177,10 +177,20 @@ class KvBlock(_message.Message):
     def __init__(self, block_hash: _Optional[int] = ..., parent_hash: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class KvSnapshot(_message.Message):
-    __slots__ = ("blocks",)
+    __slots__ = ("blocks", "pending")
     BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
     blocks: _containers.RepeatedCompositeFieldContainer[KvBlock]
-    def __init__(self, blocks: _Optional[_Iterable[_Union[KvBlock, _Mapping]]] = ...) -> None: ...
+    pending: _containers.RepeatedCompositeFieldContainer[PendingPrefix]
+    def __init__(self, blocks: _Optional[_Iterable[_Union[KvBlock, _Mapping]]] = ..., pending: _Optional[_Iterable[_Union[PendingPrefix, _Mapping]]] = ...) -> None: ...
+
+class PendingPrefix(_message.Message):
+    __slots__ = ("key", "block_hashes")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    key: int
+    block_hashes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, key: _Optional[int] = ..., block_hashes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlockStored(_message.Message):
     __slots__ = ("block",)
@@ -198,14 +208,28 @@ class AllBlocksCleared(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class PrefixAnnounced(_message.Message):
+    __slots__ = ("prefix",)
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    prefix: PendingPrefix
+    def __init__(self, prefix: _Optional[_Union[PendingPrefix, _Mapping]] = ...) -> None: ...
+
+class PrefixSettled(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: int
+    def __init__(self, key: _Optional[int] = ...) -> None: ...
+
 class WatchKvEventsResponse(_message.Message):
-    __slots__ = ("incarnation_id", "sequence_number", "snapshot", "stored", "removed", "cleared", "sent_unix_nanos")
+    __slots__ = ("incarnation_id", "sequence_number", "snapshot", "stored", "removed", "cleared", "announced", "settled", "sent_unix_nanos")
     INCARNATION_ID_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_NUMBER_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     CLEARED_FIELD_NUMBER: _ClassVar[int]
+    ANNOUNCED_FIELD_NUMBER: _ClassVar[int]
+    SETTLED_FIELD_NUMBER: _ClassVar[int]
     SENT_UNIX_NANOS_FIELD_NUMBER: _ClassVar[int]
     incarnation_id: str
     sequence_number: int
@@ -213,8 +237,10 @@ class WatchKvEventsResponse(_message.Message):
     stored: BlockStored
     removed: BlockRemoved
     cleared: AllBlocksCleared
+    announced: PrefixAnnounced
+    settled: PrefixSettled
     sent_unix_nanos: int
-    def __init__(self, incarnation_id: _Optional[str] = ..., sequence_number: _Optional[int] = ..., snapshot: _Optional[_Union[KvSnapshot, _Mapping]] = ..., stored: _Optional[_Union[BlockStored, _Mapping]] = ..., removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ..., sent_unix_nanos: _Optional[int] = ...) -> None: ...
+    def __init__(self, incarnation_id: _Optional[str] = ..., sequence_number: _Optional[int] = ..., snapshot: _Optional[_Union[KvSnapshot, _Mapping]] = ..., stored: _Optional[_Union[BlockStored, _Mapping]] = ..., removed: _Optional[_Union[BlockRemoved, _Mapping]] = ..., cleared: _Optional[_Union[AllBlocksCleared, _Mapping]] = ..., announced: _Optional[_Union[PrefixAnnounced, _Mapping]] = ..., settled: _Optional[_Union[PrefixSettled, _Mapping]] = ..., sent_unix_nanos: _Optional[int] = ...) -> None: ...
 
 class GetTokenizerRequest(_message.Message):
     __slots__ = ()

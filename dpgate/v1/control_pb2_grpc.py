@@ -114,8 +114,9 @@ class ControlServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def WatchKvEvents(self, request, context):
-        """WatchKvEvents streams the engine's prefix cache: first a snapshot of every cached block, then
-        each change in order. A subscriber that falls behind gets a new snapshot, never a gap.
+        """WatchKvEvents streams the engine's prefix cache: first a snapshot of every cached block (and
+        of the prompts on their way in), then each change in order. A subscriber that falls behind
+        gets a new snapshot, never a gap.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

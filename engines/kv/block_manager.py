@@ -48,7 +48,22 @@ class AllBlocksCleared:
     pass
 
 
-KvEvent = BlockStored | BlockRemoved | AllBlocksCleared
+@dataclass(frozen=True, slots=True)
+class PrefixAnnounced:
+    """A queued request's prompt will fill these blocks (its full blocks' hashes, in order)."""
+
+    key: int
+    block_hashes: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixSettled:
+    """The announced prompt `key` is computed (its blocks' stored events came first) or gone."""
+
+    key: int
+
+
+KvEvent = BlockStored | BlockRemoved | AllBlocksCleared | PrefixAnnounced | PrefixSettled
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +279,23 @@ class BlockManager:
         self.by_hash.clear()
         self.epoch += 1
         self.events.append(AllBlocksCleared())
+
+    def announce(self, key: int, state: PrefixState, token_ids: Sequence[int]) -> bool:
+        """Say that a queued prompt will fill its full blocks (all but its last token's, as
+        `match_prefix` looks them up): routers outside the engine then count them as on their way
+        in. False (nothing said) when caching is off or the prompt has no full block."""
+        if not self.enable_caching or len(token_ids) < 2:
+            return False
+        self.update_hashes(state, token_ids, len(token_ids) - 1)
+        num_full = (len(token_ids) - 1) // self.block_size
+        if num_full == 0:
+            return False
+        self.events.append(PrefixAnnounced(key, tuple(state.hashes[:num_full])))
+        return True
+
+    def settle(self, key: int) -> None:
+        """The announced prompt `key` is computed or its request ended."""
+        self.events.append(PrefixSettled(key))
 
     def drain_events(self) -> list[KvEvent]:
         events, self.events = self.events, []

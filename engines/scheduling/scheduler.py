@@ -81,6 +81,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self._announced: set[int] = set()  # handles whose prompt the block manager announced
 
     @property
     def has_work(self) -> bool:
@@ -96,6 +97,8 @@ class Scheduler:
         if len(self.waiting) >= self.config.max_waiting:
             raise QueueFullError(f"the engine's waiting queue is full ({self.config.max_waiting} requests)")
         self.waiting.append(seq)
+        if seq.sampling.prompt_logprobs is None and self.block_manager.announce(seq.handle, seq.prefix, seq.prompt_ids):
+            self._announced.add(seq.handle)
 
     def abort(self, handle: int) -> Sequence | None:
         """Remove the sequence with this handle (Sequence.handle) and free its blocks."""
@@ -104,12 +107,14 @@ class Scheduler:
                 if seq.handle == handle:
                     queue.remove(seq)
                     self.block_manager.free(seq.block_table)
+                    self._settle(seq)
                     return seq
         return None
 
     def finish(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq.block_table)
+        self._settle(seq)
 
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput()
@@ -164,8 +169,16 @@ class Scheduler:
         return output.num_prompts_finished > 0 and used >= self.config.step_tokens_after_a_finished_prompt
 
     def cache_computed(self, seq: Sequence) -> None:
-        """After a step: register the sequence's blocks its keys and values now fill."""
+        """After a step: register the sequence's blocks its keys and values now fill; a prompt
+        now computed is no longer announced as on its way in (after its blocks' stored events)."""
         self.block_manager.cache_blocks(seq.prefix, seq.block_table, seq.num_computed_tokens, lambda: seq.token_ids)
+        if seq.num_computed_tokens >= len(seq.prompt_ids) - 1:
+            self._settle(seq)
+
+    def _settle(self, seq: Sequence) -> None:
+        if seq.handle in self._announced:
+            self._announced.discard(seq.handle)
+            self.block_manager.settle(seq.handle)
 
     def _lookup(self, seq: Sequence) -> PrefixHit:
         """The cached blocks a sequence leaving the queue can start from (none for prompt logprobs)."""

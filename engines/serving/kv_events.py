@@ -16,15 +16,24 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engines.kv.block_manager import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from engines.kv.block_manager import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    PrefixAnnounced,
+    PrefixSettled,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """Every cached block as (hash, parent hash, tokens), in the order cached, after event `sequence_number`."""
+    """Every cached block as (hash, parent hash, tokens), in the order cached, and every prompt
+    announced and not settled as (key, block hashes), after event `sequence_number`."""
 
     sequence_number: int
     blocks: list[tuple[int, int, int]]
+    pending: list[tuple[int, tuple[int, ...]]]
 
 
 class KvEventLog:
@@ -33,6 +42,7 @@ class KvEventLog:
         self.capacity = capacity
         self._lock = threading.Lock()
         self._blocks: dict[int, tuple[int, int]] = {}  # hash -> (parent hash, tokens)
+        self._pending: dict[int, tuple[int, ...]] = {}  # announced prompt key -> its block hashes
         self._events: deque[tuple[int, KvEvent]] = deque(maxlen=capacity)
         self._last = 0
         self._listeners: list[Callable[[], None]] = []
@@ -48,8 +58,12 @@ class KvEventLog:
                     self._blocks[event.block_hash] = (event.parent_hash, event.num_tokens)
                 elif isinstance(event, BlockRemoved):
                     self._blocks.pop(event.block_hash, None)
+                elif isinstance(event, PrefixAnnounced):
+                    self._pending[event.key] = event.block_hashes
+                elif isinstance(event, PrefixSettled):
+                    self._pending.pop(event.key, None)
                 elif isinstance(event, AllBlocksCleared):
-                    self._blocks.clear()
+                    self._blocks.clear()  # queued prompts stay announced: they will still fill blocks
             listeners = list(self._listeners)
         for listener in listeners:
             listener()
@@ -57,7 +71,7 @@ class KvEventLog:
     def snapshot(self) -> Snapshot:
         with self._lock:
             blocks = [(block, parent, tokens) for block, (parent, tokens) in self._blocks.items()]
-            return Snapshot(self._last, blocks)
+            return Snapshot(self._last, blocks, list(self._pending.items()))
 
     def since(self, sequence_number: int) -> list[tuple[int, KvEvent]] | None:
         """The events after `sequence_number`, in order; None when some already left the log."""

@@ -12,7 +12,14 @@ import time
 from collections.abc import AsyncIterator
 
 from dpgate.v1 import control_pb2
-from engines.kv.block_manager import BlockRemoved, BlockStored, KvEvent
+from engines.kv.block_manager import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KvEvent,
+    PrefixAnnounced,
+    PrefixSettled,
+)
 from engines.serving.kv_events import KvEventLog, Snapshot
 
 
@@ -42,10 +49,11 @@ async def watch_kv_events(log: KvEventLog) -> AsyncIterator[control_pb2.WatchKvE
 
 def kv_snapshot_message(incarnation_id: str, snapshot: Snapshot) -> control_pb2.WatchKvEventsResponse:
     blocks = [control_pb2.KvBlock(block_hash=b, parent_hash=p, num_tokens=n) for b, p, n in snapshot.blocks]
+    pending = [control_pb2.PendingPrefix(key=key, block_hashes=hashes) for key, hashes in snapshot.pending]
     return control_pb2.WatchKvEventsResponse(
         incarnation_id=incarnation_id,
         sequence_number=snapshot.sequence_number,
-        snapshot=control_pb2.KvSnapshot(blocks=blocks),
+        snapshot=control_pb2.KvSnapshot(blocks=blocks, pending=pending),
         sent_unix_nanos=time.time_ns(),
     )
 
@@ -59,6 +67,13 @@ def kv_event_message(incarnation_id: str, number: int, event: KvEvent) -> contro
         block.block_hash, block.parent_hash, block.num_tokens = event.block_hash, event.parent_hash, event.num_tokens
     elif isinstance(event, BlockRemoved):
         message.removed.block_hash = event.block_hash
+    elif isinstance(event, PrefixAnnounced):
+        prefix = message.announced.prefix
+        prefix.key = event.key
+        prefix.block_hashes.extend(event.block_hashes)
+    elif isinstance(event, PrefixSettled):
+        message.settled.key = event.key
     else:
+        assert isinstance(event, AllBlocksCleared)
         message.cleared.SetInParent()
     return message

@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import random
 
-from engines.kv.block_manager import AllBlocksCleared, BlockManager, BlockRemoved, BlockStored, PrefixState
+from engines.kv.block_manager import (
+    AllBlocksCleared,
+    BlockManager,
+    BlockRemoved,
+    BlockStored,
+    PrefixAnnounced,
+    PrefixSettled,
+    PrefixState,
+)
 from engines.serving.kv_events import KvEventLog
 
 
@@ -73,3 +81,11 @@ def test_subscribers_reproduce_the_cached_set_through_evictions_resets_and_falli
     assert slow.blocks == steady.blocks == expected(manager)
     assert steady.snapshots == 1 and slow.snapshots > 1
     assert num_removed > 50  # evictions happened throughout
+
+
+def test_a_snapshot_carries_the_prompts_announced_and_not_yet_settled():
+    log = KvEventLog()
+    log.publish([PrefixAnnounced(1, (10, 11)), PrefixAnnounced(2, (10,)), BlockStored(10, 99, 4)])
+    log.publish([PrefixSettled(2), AllBlocksCleared()])  # a reset forgets blocks, not queued prompts
+    snapshot = log.snapshot()
+    assert snapshot.sequence_number == 5 and snapshot.blocks == [] and snapshot.pending == [(1, (10, 11))]

@@ -2,7 +2,8 @@
 with two subscribers, one of which disconnects and reconnects mid-way; afterwards each mirror
 equals the engine's cached set (a fresh snapshot, GetLoad's count), sequence numbers never skip
 without a snapshot, and a block hash computed by this test from token ids by the documented
-formula is in the set."""
+formula is in the set. Every request's prompt is announced once with its block hashes and settled
+only after those blocks' stored events, so nothing is left pending at the end."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ class Mirror:
         self.incarnations: set[str] = set()
         self.num_snapshots = 0
         self.num_removed = 0
+        self.pending: dict[int, tuple[int, ...]] = {}  # announced, not settled
+        self.announced: list[tuple[int, ...]] = []  # every announcement's chain, in order
+        self.settled_before_stored = 0
         self.lock = threading.Lock()
         self.call = None
 
@@ -64,6 +68,7 @@ class Mirror:
             kind = message.WhichOneof("kind")
             if kind == "snapshot":
                 self.blocks = {b.block_hash: (b.parent_hash, b.num_tokens) for b in message.snapshot.blocks}
+                self.pending = {p.key: tuple(p.block_hashes) for p in message.snapshot.pending}
                 self.num_snapshots += 1
             else:
                 assert message.sequence_number == self.last + 1, "a gap without a snapshot"
@@ -73,7 +78,16 @@ class Mirror:
                 elif kind == "removed":
                     del self.blocks[message.removed.block_hash]
                     self.num_removed += 1
+                elif kind == "announced":
+                    prefix = message.announced.prefix
+                    assert prefix.key not in self.pending, "announced twice"
+                    self.pending[prefix.key] = chain = tuple(prefix.block_hashes)
+                    self.announced.append(chain)
+                elif kind == "settled":
+                    chain = self.pending.pop(message.settled.key)  # KeyError: settled, never announced
+                    self.settled_before_stored += not all(block in self.blocks for block in chain)
                 else:
+                    assert kind == "cleared", kind
                     self.blocks.clear()
             self.last = message.sequence_number
 
@@ -128,3 +142,8 @@ def test_two_subscribers_one_reconnecting_mirror_the_cache_through_1000_requests
     first = documented_hash(root, "", "", probe[:16])
     assert first in final.blocks and documented_hash(first, "", "", probe[16:32]) in final.blocks
     assert final.blocks[first] == (root, 16)
+    # every prompt with a full block before its last token was announced, and all settled
+    assert len(steady.announced) == sum((len(p) - 1) // 16 > 0 for p in [*prompts, probe])
+    assert steady.pending == reconnecting.pending == final.pending == {}
+    assert steady.announced[-1] == (first, documented_hash(first, "", "", probe[16:32]))
+    assert steady.settled_before_stored == reconnecting.settled_before_stored == 0

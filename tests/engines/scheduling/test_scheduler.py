@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engines.kv.block_manager import BlockManager, PrefixState
+from engines.kv.block_manager import BlockManager, BlockStored, PrefixAnnounced, PrefixSettled, PrefixState
 from engines.sampling.params import SamplingParams, StoppingParams
 from engines.scheduling.scheduler import QueueFullError, RequestTooLargeError, Scheduler, SchedulerConfig
 
@@ -239,3 +239,34 @@ def test_without_caching_nothing_waits_for_a_running_prefill():
     scheduler.add(twin)
     run_step(scheduler)
     assert not scheduler.waiting and twin in scheduler.running
+
+
+def test_a_queued_prompt_is_announced_and_settles_after_its_blocks_are_stored():
+    scheduler = make(num_blocks=32, caching=True, max_num_batched_tokens=8)
+    manager = scheduler.block_manager
+    seq = FakeSequence("a", list(range(1, 14)))  # 13 tokens: 3 full blocks of 4 before the last token
+    scheduler.add(seq)
+    (announced,) = manager.drain_events()
+    assert announced == PrefixAnnounced(seq.handle, tuple(seq.prefix.hashes[:3]))
+    run_step(scheduler)  # 8 of 13 prompt tokens: two blocks stored, still pending
+    assert [type(e) for e in manager.drain_events()] == [BlockStored, BlockStored]
+    run_step(scheduler)  # the rest: the third block, then the settlement
+    assert manager.drain_events() == [BlockStored(announced.block_hashes[2], announced.block_hashes[1], 4),
+                                      PrefixSettled(seq.handle)]  # fmt: skip
+    run_step(scheduler)
+    assert not any(isinstance(e, PrefixSettled) for e in manager.drain_events())  # settled once
+
+
+def test_an_aborted_or_unhashable_prompt_settles_or_is_never_announced():
+    scheduler = make(num_blocks=32, caching=True)
+    manager = scheduler.block_manager
+    queued = FakeSequence("queued", list(range(1, 10)))
+    scheduler.add(queued)
+    scheduler.abort(queued.handle)
+    assert [type(e) for e in manager.drain_events()] == [PrefixAnnounced, PrefixSettled]
+    scheduler.add(FakeSequence("short", [1, 2, 3, 4]))  # no full block before its last token
+    scheduler.add(FakeSequence("scored", list(range(1, 10)), sampling=SamplingParams(prompt_logprobs=0)))
+    assert manager.drain_events() == []  # prompt logprobs never read the cache
+    uncached = make(num_blocks=32, caching=False)
+    uncached.add(FakeSequence("plain", list(range(1, 10))))
+    assert uncached.block_manager.drain_events() == []
