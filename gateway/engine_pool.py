@@ -30,6 +30,7 @@ from gateway.kv_watch import KvWatch
 from gateway.metrics import GatewayMetrics
 from gateway.prompt_tokenizers import PromptTokenizers
 from gateway.routing import EngineView
+from gateway.routing.in_flight import AnnouncedPrefixes, InFlightPrefixes
 from gateway.routing.kv_index import KvIndex
 
 logger = logging.getLogger("dpgate.gateway.engines")
@@ -57,14 +58,27 @@ class EnginePool:
         self._listeners: list[Callable[[], None]] = []
         # The exact prefix-cache index, fed by every connected engine's WatchKvEvents stream.
         self.kv_index = KvIndex()
-        self.kv_watch = KvWatch(self.kv_index, retry_s=min(0.5, config.health_interval_s), lag=metrics.kv_event_lag)
+        # Prefixes on their way into a cache: this gateway's open calls (gateway/prompt_routing.py
+        # adds them) and the prompts the engines announce as queued (the event stream adds them).
+        self.in_flight_prefixes = InFlightPrefixes()
+        self.kv_watch = KvWatch(
+            self.kv_index,
+            retry_s=min(0.5, config.health_interval_s),
+            lag=metrics.kv_event_lag,
+            announced=AnnouncedPrefixes(self.in_flight_prefixes),
+        )
         metrics.watch_kv_index(self._index_sizes)
         # The engines' tokenizers by fingerprint, learned once each (GetTokenizer).
         self.prompt_tokenizers = PromptTokenizers()
         self._learning: set[asyncio.Task] = set()
 
-    def _index_sizes(self) -> list[tuple[int, str, int]]:
-        return [(e.rank, e.address, self.kv_index.num_blocks(e.address)) for e in self.engines if e.rank is not None]
+    def _index_sizes(self) -> list[tuple[int, str, int, int]]:
+        announced = self.kv_watch.announced
+        return [
+            (e.rank, e.address, self.kv_index.num_blocks(e.address), announced.num_pending(e.address))
+            for e in self.engines
+            if e.rank is not None
+        ]
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener()` whenever any engine's health or serving state changes."""

@@ -7,7 +7,9 @@ dropped at once, because nothing it held is known any more, and the task subscri
 short pause; the next snapshot (of a new incarnation, after a restart) rebuilds them. An engine that
 leaves the gateway (retired, refused) has its task cancelled and its entries dropped.
 
-Each gateway replica follows the engines on its own, so every replica holds the same exact index.
+Each gateway replica follows the engines on its own, so every replica holds the same exact index,
+and the same view of the prompts the engines announced as queued (`announced`: every replica's
+calls, not only its own, count as prefixes on their way in).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from prometheus_client import Histogram
 
 from dpgate.v1 import control_pb2
 from gateway.engine_client import EngineClient
+from gateway.routing.in_flight import AnnouncedPrefixes, InFlightPrefixes
 from gateway.routing.kv_index import KvIndex
 
 logger = logging.getLogger("dpgate.gateway.kv_watch")
@@ -40,8 +43,15 @@ class StreamState:
 class KvWatch:
     """Owns the per-engine follower tasks and the index they feed."""
 
-    def __init__(self, index: KvIndex, retry_s: float = 0.5, lag: Histogram | None = None) -> None:
+    def __init__(
+        self,
+        index: KvIndex,
+        retry_s: float = 0.5,
+        lag: Histogram | None = None,
+        announced: AnnouncedPrefixes | None = None,
+    ) -> None:
         self.index = index
+        self.announced = announced if announced is not None else AnnouncedPrefixes(InFlightPrefixes())
         self._lag = lag  # observes each message's age (engine clock to ours), when given
         self.retry_s = retry_s
         self.states: dict[str, StreamState] = {}
@@ -64,6 +74,7 @@ class KvWatch:
             task.cancel()
         self.states.pop(address, None)
         self.index.drop(address)
+        self.announced.drop(address)
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())
@@ -93,6 +104,7 @@ class KvWatch:
             finally:
                 call.cancel()
                 self.index.drop(address)
+                self.announced.drop(address)
                 self.states.pop(address, None)
             await asyncio.sleep(self.retry_s)
 
@@ -103,6 +115,7 @@ class KvWatch:
         now = time.monotonic()
         if kind == "snapshot":
             self.index.replace(address, (block.block_hash for block in message.snapshot.blocks))
+            self.announced.replace(address, ((p.key, p.block_hashes) for p in message.snapshot.pending))
             state.incarnation_id = message.incarnation_id
             state.num_snapshots += 1
         elif message.incarnation_id != state.incarnation_id or message.sequence_number != state.sequence_number + 1:
@@ -112,6 +125,10 @@ class KvWatch:
             self.index.add(address, message.stored.block.block_hash)
         elif kind == "removed":
             self.index.remove(address, message.removed.block_hash)
+        elif kind == "announced":
+            self.announced.announce(address, message.announced.prefix.key, message.announced.prefix.block_hashes)
+        elif kind == "settled":
+            self.announced.settle(address, message.settled.key)
         elif kind == "cleared":
             self.index.clear(address)
         state.sequence_number = message.sequence_number

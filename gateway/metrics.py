@@ -127,9 +127,11 @@ class GatewayMetrics:
             self.hashed_prompt_tokens.labels(rank=str(rank)).inc(prompt_tokens)
             self.predicted_cached_tokens.labels(rank=str(rank)).inc(cached_tokens)
 
-    def watch_kv_index(self, blocks_by_engine: Callable[[], Iterable[tuple[int, str, int]]]) -> None:
-        """Export `dpgate_gateway_kv_index_blocks{rank,address}`, read at each scrape from the index."""
-        self.registry.register(_IndexCollector(blocks_by_engine))
+    def watch_kv_index(self, sizes_by_engine: Callable[[], Iterable[tuple[int, str, int, int]]]) -> None:
+        """Export `dpgate_gateway_kv_index_blocks{rank,address}` and
+        `dpgate_gateway_kv_pending_prompts{rank,address}`, read at each scrape from the index:
+        `sizes_by_engine` yields (rank, address, cached blocks, announced prompts not settled)."""
+        self.registry.register(_IndexCollector(sizes_by_engine))
 
     def set_engine_health(self, rank: int, address: str, is_healthy: bool) -> None:
         self.engine_healthy.labels(rank=str(rank), address=address).set(1 if is_healthy else 0)
@@ -152,15 +154,22 @@ class GatewayMetrics:
 class _IndexCollector:
     """The index's size per engine, computed when scraped (no bookkeeping on the event path)."""
 
-    def __init__(self, blocks_by_engine: Callable[[], Iterable[tuple[int, str, int]]]) -> None:
-        self._blocks_by_engine = blocks_by_engine
+    def __init__(self, sizes_by_engine: Callable[[], Iterable[tuple[int, str, int, int]]]) -> None:
+        self._sizes_by_engine = sizes_by_engine
 
     def collect(self):
-        family = GaugeMetricFamily(
+        blocks = GaugeMetricFamily(
             "dpgate_gateway_kv_index_blocks",
             "Cached KV blocks the gateway's index holds for each engine (from its WatchKvEvents stream).",
             labels=["rank", "address"],
         )
-        for rank, address, num_blocks in self._blocks_by_engine():
-            family.add_metric([str(rank), address], num_blocks)
-        yield family
+        pending = GaugeMetricFamily(
+            "dpgate_gateway_kv_pending_prompts",
+            "Prompts each engine announced as queued or in prefill and not yet computed (WatchKvEvents).",
+            labels=["rank", "address"],
+        )
+        for rank, address, num_blocks, num_pending in self._sizes_by_engine():
+            blocks.add_metric([str(rank), address], num_blocks)
+            pending.add_metric([str(rank), address], num_pending)
+        yield blocks
+        yield pending

@@ -66,7 +66,7 @@ class PromptRouter:
         self._pool = pool
         self._tenants = tenants  # `authorization` value -> tenant, when keys are isolated
         self.tokenizers: PromptTokenizers = pool.prompt_tokenizers
-        self.in_flight = InFlightPrefixes()
+        self.in_flight: InFlightPrefixes = pool.in_flight_prefixes  # the engines' announcements feed it too
         self.chains = ChainCache()  # block hashes of text prefixes already hashed
 
     def applies(self, rpc: str, rank: int | None) -> bool:

@@ -37,3 +37,24 @@ def test_snapshot_then_events_in_order_and_a_gap_or_new_incarnation_resubscribes
     assert watch.index.blocks_of("e:1") == set() and "e:1" in watch.index.addresses()
     assert watch._apply("e:1", snapshot("two", 0, [7]))  # a restart: the new incarnation's set
     assert watch.index.blocks_of("e:1") == {7} and watch.states["e:1"].incarnation_id == "two"
+
+
+def test_announced_prompts_count_as_on_their_way_in_until_settled_or_the_stream_restarts():
+    watch = KvWatch(KvIndex())
+    pending = cpb.PendingPrefix(key=3, block_hashes=[1, 2])
+    first = snapshot("one", 4, [1])
+    first.snapshot.pending.append(pending)
+    assert watch._apply("e:1", first)
+    in_flight = watch.announced._in_flight  # the prefixes the policy reads beside the exact index
+    assert in_flight.matched_blocks([1, 2, 5]) == {"e:1": 2}
+    announced = cpb.WatchKvEventsResponse(incarnation_id="one", sequence_number=5)
+    announced.announced.prefix.key = 4
+    announced.announced.prefix.block_hashes.extend([1, 2, 5])
+    assert watch._apply("e:1", announced)
+    assert in_flight.matched_blocks([1, 2, 5]) == {"e:1": 3}
+    settled = cpb.WatchKvEventsResponse(incarnation_id="one", sequence_number=6)
+    settled.settled.key = 4
+    assert watch._apply("e:1", settled)
+    assert in_flight.matched_blocks([1, 2, 5]) == {"e:1": 2}
+    assert watch._apply("e:1", snapshot("two", 0, []))  # a restart: nothing is pending any more
+    assert in_flight.matched_blocks([1, 2]) == {} and watch.index.blocks_of("e:1") == set()

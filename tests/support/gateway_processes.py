@@ -74,10 +74,10 @@ GATEWAY_SERVICES = ("", "dpgate.v1.InferenceService", "dpgate.v1.ControlService"
 class EngineProcess:
     """A `dpgate engine` process (real model) on a fixed port, restartable on the same port."""
 
-    def __init__(self, model_dir: Path, rank: int, size: int, log_dir: Path) -> None:
-        self.model_dir, self.rank, self.size = model_dir, rank, size
+    def __init__(self, model_dir: Path, rank: int, size: int, log_dir: Path, *flags: str, name: str = "") -> None:
+        self.model_dir, self.rank, self.size, self.flags = model_dir, rank, size, flags
         self.port, self.metrics_port = free_port(), free_port()
-        self.log_path = log_dir / f"engine-{rank}.log"
+        self.log_path = log_dir / f"{name or 'engine'}-{rank}.log"
         self.process: subprocess.Popen | None = None
 
     @property
@@ -88,7 +88,7 @@ class EngineProcess:
         return [
             PYTHON, "-m", "dpgate.cli", "engine", "--host", "127.0.0.1", "--port", str(self.port),
             "--model", str(self.model_dir), "--data-parallel-rank", str(self.rank),
-            "--data-parallel-size", str(self.size), "--metrics-port", str(self.metrics_port),
+            "--data-parallel-size", str(self.size), "--metrics-port", str(self.metrics_port), *self.flags,
         ]  # fmt: skip
 
     def start(self) -> None:
@@ -129,8 +129,7 @@ class SyntheticEngineProcess(EngineProcess):
     """bench/synthetic_engine.py in its own process: same interface, starts in a fraction of a second."""
 
     def __init__(self, rank: int, size: int, log_dir: Path, *flags: str) -> None:
-        super().__init__(Path("synthetic"), rank, size, log_dir)
-        self.flags = flags
+        super().__init__(Path("synthetic"), rank, size, log_dir, *flags)
 
     def command(self) -> list[str]:
         return [
