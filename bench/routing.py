@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import signal
 import statistics
 import sys
 import threading
@@ -359,6 +360,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # SIGTERM (`kill PID`, a scheduler's timeout) ends the run through the `finally`s below, so the
+    # engines and gateways it started stop with it: by default they ran on as orphans.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     import tempfile
 
     from machine import describe_machine
