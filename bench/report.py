@@ -97,7 +97,7 @@ BENCHMARKS = (
     Benchmark(
         "routing",
         ("--groups", "8", "--prompts-per-group", "4", "--prefix-tokens", "256", "--question-tokens", "32",
-         "--answer-tokens", "16", "--rate", "1", "--conversations", "4", "--turns", "3"),
+         "--answer-tokens", "16", "--conversations", "4", "--turns", "3"),
         ("--engines", "2", "--groups", "4", "--prompts-per-group", "2", "--prefix-tokens", "64",
          "--question-tokens", "16", "--answer-tokens", "4", "--rate", "4", "--conversations", "2", "--turns", "2",
          "--max-num-seqs", "4"),

@@ -9,8 +9,10 @@ they fit the cluster but not one engine, so where a prompt goes decides whether 
 Workloads, streamed through the gateway with GenerateStream (TTFT = send to first token), random
 token ids (a prompt's content does not change the work), greedy, eos ignored:
   (a) shared-prefix groups: G groups x P prompts, a group prefix of `--prefix-tokens`, a
-      `--question-tokens` question, `--answer-tokens` answers, Poisson arrivals at `--rate` calls/s
-      in a shuffled order (sglang bench_serving's generated-shared-prefix shape, scaled for CPU);
+      `--question-tokens` question, `--answer-tokens` answers, Poisson arrivals in a shuffled order
+      (sglang bench_serving's generated-shared-prefix shape, scaled for CPU) at `--load` (0.7) of
+      the cluster's capacity for these calls with a perfect cache, measured on the engines before
+      the runs (bench/routing_capacity.py), or at a fixed `--rate`;
   (b) multi-turn chat through ChatStream: `--conversations` x `--turns`, each turn the whole
       conversation (a system prompt shared by all, the earlier turns with the model's own replies)
       plus a new user message, rendered by the engine's chat template (and, to route on the cache,
@@ -24,8 +26,8 @@ prompt tokens its cache did not hold plus the tokens it generated: load in token
 counts it).
 
     python bench/routing.py [--engines 4] [--groups 32] [--prompts-per-group 8] [--prefix-tokens 1000]
-        [--question-tokens 64] [--answer-tokens 32] [--rate 2] [--conversations 8] [--turns 4] [--think-time 0]
-        [--gateways 1] [--policies ...] [--only a b c d] [--json FILE]
+        [--question-tokens 64] [--answer-tokens 32] [--load 0.7 | --rate R] [--conversations 8] [--turns 4]
+        [--think-time 0] [--gateways 1] [--policies ...] [--only a b c d] [--json FILE]
 
 `--gateways 2` splits the calls over two gateway replicas (each follows every engine's events on
 its own); compare its hit rate with one gateway's.
@@ -53,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import grpc
 from results import add_json_argument, write_results
+from routing_capacity import measure_capacity
 
 from dpgate.v1 import control_pb2 as cpb
 from dpgate.v1 import control_pb2_grpc, generate_pb2_grpc
@@ -336,7 +339,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--prefix-tokens", type=int, default=1000, help="group prefix (and (c) prompt) length, tokens")
     add("--question-tokens", type=int, default=64, help="question / user turn length, tokens")
     add("--answer-tokens", type=int, default=32, help="tokens generated per call")
-    add("--rate", type=float, default=2.0, help="(a), (c), (d) Poisson arrivals, calls per second")
+    add("--load", type=float, default=0.7, help="(a), (c), (d) arrivals as a share of the cluster's capacity")
+    add("--rate", type=float, help="(a), (c), (d) Poisson arrivals in calls per second instead of --load")
     add("--conversations", type=int, default=8, help="(b) conversations in flight")
     add("--turns", type=int, default=4, help="(b) turns per conversation")
     add("--think-time", type=float, default=0.0, help="(b) seconds a user takes before the next turn")
@@ -353,8 +357,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "answer_tokens", "conversations", "turns", "max_num_seqs", "threads"):  # fmt: skip
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.rate <= 0 or not 0 < args.cache_fraction <= 1 or args.think_time < 0:
-        parser.error("--rate must be above 0, --cache-fraction in (0, 1] and --think-time at least 0")
+    if (args.rate is not None and args.rate <= 0) or args.load <= 0:
+        parser.error("--rate and --load must be above 0")
+    if not 0 < args.cache_fraction <= 1 or args.think_time < 0:
+        parser.error("--cache-fraction must be in (0, 1] and --think-time at least 0")
     return args
 
 
@@ -379,11 +385,19 @@ def main(argv: list[str] | None = None) -> None:
     header = f"{'workload':<34}{'policy':>14}{'reqs':>6}{'p50':>8}{'p90':>8}{'p99 ms':>8}{'tok/s':>8}"
     print(header + f"{'hit':>7}{'oracle':>8}{'calls':>7}{'work':>8}  (max/min per engine)")
     cases = []
+    capacity = None
     try:
         for engine in engines:
             engine.start()
         for engine in engines:
             engine.wait_serving(600)
+        if args.rate is None and set(args.only) - {"b"}:
+            capacity = measure_capacity([engine.address for engine in engines], args)
+            args.rate = args.load * capacity.calls_per_s
+            print(f"capacity for (a)'s calls: {capacity.calls_per_s:.2f} calls/s ({capacity.misses_per_s:.2f} "
+                  f"computing whole prompts, {capacity.hits_per_s:.2f} with the prefix cached, "
+                  f"{capacity.first_call_share:.0%} first calls); "
+                  f"arrivals at {args.load:g} x = {args.rate:.2f} calls/s", flush=True)  # fmt: skip
         for case in args.only:
             name = CASES[case][0]
             runs = {}
@@ -399,9 +413,13 @@ def main(argv: list[str] | None = None) -> None:
         for engine in engines:
             engine.stop()
     sizes = {name: getattr(args, name) for name in ("engines", "groups", "prompts_per_group", "prefix_tokens",
-             "question_tokens", "answer_tokens", "rate", "conversations", "turns", "think_time", "cache_fraction",
-             "max_num_seqs", "gateways", "gateway_flags")}  # fmt: skip
+             "question_tokens", "answer_tokens", "rate", "load", "conversations", "turns", "think_time",
+             "cache_fraction", "max_num_seqs", "gateways", "gateway_flags")}  # fmt: skip
     sizes["kv_blocks_per_engine"] = blocks
+    if capacity is not None:
+        sizes["capacity_calls_per_s"] = round(capacity.calls_per_s, 3)
+        sizes["capacity_misses_per_s"] = round(capacity.misses_per_s, 3)
+        sizes["capacity_hits_per_s"] = round(capacity.hits_per_s, 3)
     write_results(args.json, "routing", {"sizes": sizes, "policies": list(args.policies), "cases": cases})
 
 
