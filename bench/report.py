@@ -130,7 +130,7 @@ BY_NAME = {benchmark.name: benchmark for benchmark in BENCHMARKS}
 HELPERS = frozenset(
     {"machine", "step_clock", "results", "synthetic_engine", "report", "report_ratios", "report_plots",
      "report_render", "dpgate_peer", "llamacpp_peer", "llamacpp_build", "llamacpp_server", "text_multi_turn",
-     "vllm_peer", "envoy_peer", "settle"}
+     "vllm_peer", "envoy_peer", "settle", "routing_capacity"}
 )  # fmt: skip
 # Scripts under bench/ the report does not run, and why (named in its output and in the page when present).
 NOT_RUN = {
