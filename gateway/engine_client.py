@@ -19,6 +19,7 @@ from gateway.engine_token_metadata import engine_token_interceptors
 from gateway.handshake import EngineIdentity, Refusal
 from gateway.health_state import CircuitBreaker, HealthState
 from gateway.metadata import RANK_KEY
+from gateway.reported_load import ReportedLoad
 from gateway.routing import EngineView
 from gateway.upstream import UpstreamLink
 
@@ -53,7 +54,8 @@ class EngineClient:
 
     `identity` is None until the engine passed the handshake (then it is "connected");
     `refusal` holds why the last handshake was refused. `num_in_flight` counts calls this gateway
-    has open on the engine; `num_running`/`num_waiting` are the engine's last GetLoad answer.
+    has open on the engine; `reported` is the engine's last GetLoad answer, aged by the calls
+    this gateway has seen end since.
     """
 
     def __init__(self, address: str, config: GatewayConfig) -> None:
@@ -70,14 +72,9 @@ class EngineClient:
         self.breaker = CircuitBreaker(config.breaker_failure_threshold, config.breaker_open_s)
         self.is_serving = False
         self.num_in_flight = 0
-        self.num_running = 0
-        self.num_waiting = 0
-        self.num_used_blocks = 0  # KV blocks held by the engine's requests (GetLoad)
+        self.reported = ReportedLoad()  # GetLoad's figures, aged by the calls seen ending since
         # Prompt tokens its cache lacked, of calls this gateway routed there that are still open.
         self.pending_prefill_tokens = 0
-        # Prompt tokens of calls this gateway saw end since the last GetLoad: their KV is cached-free
-        # in the engine now, but num_used_blocks (up to one health interval old) still counts it.
-        self.released_tokens = 0
         self.rank_metadata: tuple[tuple[str, str], ...] = ()
         # Set by a forwarded call that saw the engine fail, so the watcher probes at once.
         self.wake = asyncio.Event()
@@ -134,6 +131,8 @@ class EngineClient:
         """A routing snapshot; only valid for a connected engine."""
         identity = self.identity
         assert identity is not None  # the pool only views connected engines
+        reported = self.reported
+        num_running, num_waiting = reported.running_and_waiting()
         return EngineView(
             address=self.address,
             rank=identity.rank,
@@ -142,21 +141,10 @@ class EngineClient:
             is_draining=not self.is_serving,
             is_circuit_closed=self.breaker.allows_calls(now),
             num_in_flight=self.num_in_flight,
-            num_running=self.num_running,
-            num_waiting=self.num_waiting,
-            load_tokens=self.kv_load_tokens(identity.kv_block_size) + self.pending_prefill_tokens,
+            num_running=num_running,
+            num_waiting=num_waiting,
+            load_tokens=reported.kv_tokens(identity.kv_block_size) + self.pending_prefill_tokens,
         )
-
-    def kv_load_tokens(self, block_size: int) -> int:
-        """The engine's KV held for running requests, in tokens, as of now: GetLoad's figure less
-        what calls ended since then released. Without this, an engine that has just finished a
-        conversation's turn looks loaded by that turn's KV until the next GetLoad, about as much
-        as its cache would save the next turn, so back-to-back turns left the engine holding them."""
-        return max(0, self.num_used_blocks * block_size - self.released_tokens)
-
-    def prompt_released(self, num_prompt_tokens: int) -> None:
-        """A call this gateway hashed ended here: its prompt's KV is no longer held for it."""
-        self.released_tokens += num_prompt_tokens
 
     async def fetch_identity(self, timeout: float) -> EngineIdentity:
         info = await self._get_server_info(control_pb2.GetServerInfoRequest(), timeout=timeout)
@@ -204,12 +192,9 @@ class EngineClient:
         return response.status == health_pb2.HealthCheckResponse.SERVING
 
     async def refresh_load(self, timeout: float) -> None:
-        released_before = self.released_tokens  # releases during the call may postdate the answer
+        ask, released_before = self.reported.asking()
         load = await self._get_load(control_pb2.GetLoadRequest(), timeout=timeout)
-        self.num_running = load.num_running
-        self.num_waiting = load.num_waiting
-        self.num_used_blocks = load.num_used_blocks
-        self.released_tokens -= released_before
+        self.reported.answered(ask, released_before, load)
 
     async def close(self) -> None:
         self.link.close()

@@ -118,6 +118,7 @@ class ForwardedCall:
         "_body_timer",
         "_call",
         "_deadline",
+        "_dispatched_at",
         "_engine",
         "_excluded",
         "_forwarder",
@@ -177,6 +178,7 @@ class ForwardedCall:
         self._num_sent = 0
         self._prompt: PromptBlocks | None = None  # what cache-aware routing read from the prompt
         self._pending_prefill = 0  # prompt tokens counted in the engine's pending_prefill_tokens
+        self._dispatched_at = 0  # the engine's GetLoad asks when this call was sent there
         self._is_done = False
         self._ttft_pending = streaming
         self._task: asyncio.Future | None = None
@@ -271,6 +273,7 @@ class ForwardedCall:
         self._engine = engine
         self._served_rank = engine.rank
         engine.num_in_flight += 1
+        self._dispatched_at = engine.reported.num_asks
         if self._prompt is not None:
             prompt = self._prompt
             self._pending_prefill = prompt.num_prompt_tokens - prompt.matched_tokens.get(engine.address, 0)
@@ -359,9 +362,10 @@ class ForwardedCall:
             engine.num_in_flight -= 1
             engine.pending_prefill_tokens -= self._pending_prefill
             self._pending_prefill = 0
-            if self._prompt is not None:
-                self._forwarder.prompts.closed(engine.address, self._prompt)
-                engine.prompt_released(self._prompt.num_prompt_tokens)
+            prompt = self._prompt
+            if prompt is not None:
+                self._forwarder.prompts.closed(engine.address, prompt)
+            engine.reported.released(self._dispatched_at, prompt.num_prompt_tokens if prompt is not None else 0)
             self._engine = None
         return engine
 
