@@ -16,7 +16,10 @@ token ids (a prompt's content does not change the work), greedy, eos ignored:
   (b) multi-turn chat through ChatStream: `--conversations` x `--turns`, each turn the whole
       conversation (a system prompt shared by all, the earlier turns with the model's own replies)
       plus a new user message, rendered by the engine's chat template (and, to route on the cache,
-      by the gateway's copy of it); TTFT is send to the first delta with tokens;
+      by the gateway's copy of it); TTFT is send to the first delta with tokens; before each turn
+      the user pauses (exponential, mean `--think-time`, 1 s), as real users do: turns sent back
+      to back with a conversation or two per engine test the lock-step, not the routing (the
+      engine a turn just left is the one with a free slot, so any least-loaded keeps it there);
   (c) random prompts, nothing shared, the same arrivals as (a);
   (d) one hot prefix carrying 80% of the calls of (a), the rest spread over the other groups.
 Figures: TTFT p50/p90/p99, output tok/s, the engines' prefix-cache hit rate (hit / query tokens
@@ -27,7 +30,7 @@ counts it).
 
     python bench/routing.py [--engines 4] [--groups 32] [--prompts-per-group 8] [--prefix-tokens 1000]
         [--question-tokens 64] [--answer-tokens 32] [--load 0.7 | --rate R] [--conversations 8] [--turns 4]
-        [--think-time 0] [--gateways 1] [--policies ...] [--only a b c d] [--json FILE]
+        [--think-time 1] [--gateways 1] [--policies ...] [--only a b c d] [--json FILE]
 
 `--gateways 2` splits the calls over two gateway replicas (each follows every engine's events on
 its own); compare its hit rate with one gateway's.
@@ -170,7 +173,7 @@ def words(rng: random.Random, count: int) -> str:
 
 
 def multi_turn(stub, args, recorder: Recorder) -> list[list[int]]:
-    """(b): the conversations run side by side, each turn after the previous reply; returns every
+    """(b): the conversations run side by side, each turn after the previous reply and a pause; returns every
     call's prompt token ids (as the engine reported them) for the oracle."""
     rng = random.Random(2)
     system = words(rng, args.prefix_tokens // 4)
@@ -180,14 +183,16 @@ def multi_turn(stub, args, recorder: Recorder) -> list[list[int]]:
 
     def conversation(index: int) -> None:
         own = words(random.Random(100 + index), args.prefix_tokens // 2)
+        pauses = random.Random(200 + index)
         history = [pb.ChatMessage(role=pb.CHAT_ROLE_SYSTEM, content=f"{system}\n{own}")]
         for user in turns[index]:
+            if args.think_time:  # the user reads, then types: an exponential pause before each turn
+                time.sleep(pauses.expovariate(1.0 / args.think_time))
             history.append(pb.ChatMessage(role=pb.CHAT_ROLE_USER, content=user))
             reply, prompt = recorder.chat_stream(stub, history, args.answer_tokens)
             with lock:
                 sent.append(prompt)
             history.append(pb.ChatMessage(role=pb.CHAT_ROLE_ASSISTANT, content=reply))
-            time.sleep(args.think_time)
 
     with ThreadPoolExecutor(args.conversations) as pool:
         list(pool.map(conversation, range(args.conversations)))
@@ -343,7 +348,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--rate", type=float, help="(a), (c), (d) Poisson arrivals in calls per second instead of --load")
     add("--conversations", type=int, default=8, help="(b) conversations in flight")
     add("--turns", type=int, default=4, help="(b) turns per conversation")
-    add("--think-time", type=float, default=0.0, help="(b) seconds a user takes before the next turn")
+    add("--think-time", type=float, default=1.0,
+        help="(b) mean seconds a user pauses before each turn (exponential; 0: turns back to back)")  # fmt: skip
     add("--cache-fraction", type=float, default=0.7, help="the prefixes' share of the cluster's KV blocks")
     add("--max-num-seqs", type=int, default=8, help="each engine's --max-num-seqs")
     add("--threads", type=int, default=1, help="each engine's --num-threads")
