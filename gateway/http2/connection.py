@@ -126,36 +126,47 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.is_closed:
             return
-        buffer = self._buffer
-        buffer += data
+        # Frames are cut from the bytes as read; only what a read left of a frame is kept in
+        # `_buffer` (slicing bytes copies a payload once, a bytearray's slice twice).
+        leftover = self._buffer
+        if type(data) is not bytes:  # (asyncio's transports pass bytes; a test may not)
+            data = bytes(data)
+        if leftover:
+            leftover += data
+            data = bytes(leftover)
+            leftover.clear()
         offset = 0
         if self._awaiting_preface:
             preface_length = len(f.PREFACE)
-            if not f.PREFACE.startswith(bytes(buffer[:preface_length])):
+            if not f.PREFACE.startswith(data[:preface_length]):
                 self.close(f.PROTOCOL_ERROR, b"expected the HTTP/2 client preface")
                 return
-            if len(buffer) < preface_length:
+            if len(data) < preface_length:
+                leftover += data
                 return
             self._awaiting_preface = False
             offset = preface_length
         self.last_frame_time = self._loop.time()
-        size = len(buffer)
+        size = len(data)
         unpack = f.FRAME_HEADER.unpack_from
         handlers = self._handlers
+        header_size = f.FRAME_HEADER_SIZE
+        max_frame = f.DEFAULT_MAX_FRAME
+        last_known_type = f.CONTINUATION
         try:
-            while size - offset >= f.FRAME_HEADER_SIZE:
-                high, low, frame_type, flags, stream_id = unpack(buffer, offset)
+            while size - offset >= header_size:
+                high, low, frame_type, flags, stream_id = unpack(data, offset)
                 length = (high << 8) | low
-                if length > f.DEFAULT_MAX_FRAME:
+                if length > max_frame:
                     raise ProtocolViolation(f.FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
-                end = offset + f.FRAME_HEADER_SIZE + length
+                end = offset + header_size + length
                 if end > size:
                     break
-                payload = bytes(buffer[offset + f.FRAME_HEADER_SIZE : end])
+                payload = data[offset + header_size : end]
                 offset = end
                 if self._block is not None or self._awaiting_settings:
                     self._check_expected_frame(frame_type, flags)
-                if frame_type <= f.CONTINUATION:
+                if frame_type <= last_known_type:
                     handlers[frame_type](flags, stream_id & 0x7FFF_FFFF, payload)
                 if self.is_closed:
                     return
@@ -168,7 +179,8 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
             logger.exception("closing an HTTP/2 connection after an unexpected error")
             self.close(f.INTERNAL_ERROR, b"internal error")
             return
-        del buffer[:offset]
+        if offset < size:
+            leftover += data[offset:]
 
     def _check_expected_frame(self, frame_type: int, flags: int) -> None:
         if self._block is not None and frame_type != f.CONTINUATION:
@@ -241,7 +253,11 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
             self.write(f.pack_window_update(0, self._recv_unacked))
             self.recv_window += self._recv_unacked
             self._recv_unacked = 0
-        data = f.strip_padding(payload) if flags & f.PADDED else payload
+        if flags & f.PADDED:
+            data = f.strip_padding(payload)
+            padding = length - len(data)
+        else:
+            data, padding = payload, 0
         stream = self.streams.get(stream_id)
         if stream is None:
             if self.ids.is_idle(stream_id):
@@ -260,7 +276,7 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
             return
         end_stream = bool(flags & f.END_STREAM)
         if stream.content_length is not None:
-            remaining = stream.content_length = stream.content_length - len(data)
+            remaining = stream.content_length = stream.content_length - (length - padding)
             if remaining < 0 or (end_stream and remaining):  # RFC 9113 8.1.1: malformed
                 self._stream_error(stream, f.PROTOCOL_ERROR)
                 return
@@ -268,8 +284,8 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
             stream.is_remote_closed = True
         elif stream.auto_credit:
             self.release(stream, length)
-        elif length > len(data):
-            self.release(stream, length - len(data))  # padding: the owner only sees the content
+        elif padding:
+            self.release(stream, padding)  # the owner only sees the content
         stream.on_data(data, end_stream)
         if end_stream and stream.is_local_closed:
             self._remove(stream_id)

@@ -21,6 +21,7 @@ __all__ = ["Decoder", "encode_block", "encode_field", "encode_literal"]
 _STATIC_TABLE = HeaderTable.STATIC_TABLE
 _STATIC_LENGTH = len(_STATIC_TABLE)
 _ENTRY_OVERHEAD = 32  # RFC 7541 section 4.1: an entry's size is its name, its value and 32
+_STATIC_SIZES = tuple(len(name) + len(value) + _ENTRY_OVERHEAD for name, value in _STATIC_TABLE)
 _LITERAL_NEW_NAME = (0x00, 0x10)  # literal without indexing / never indexed, name as a string
 
 
@@ -46,23 +47,31 @@ class Decoder(hpack.Decoder):
         return super().decode(data, raw)
 
     def _decode_plain(self, data: bytes) -> list[tuple[bytes, bytes]] | None:
-        """The fields, if the block is only one-byte indexes and plain unindexed literals; else None."""
+        """The fields, if the block is only one-byte indexes and plain unindexed literals; else None.
+
+        The header list limit is checked once the block is read: a block that is not plain
+        after all goes to the general decoder, which finds the same excess at the same field."""
         dynamic = self.header_table.dynamic_entries
         table_length = _STATIC_LENGTH + len(dynamic)
-        headers = []
+        headers: list[tuple[bytes, bytes]] = []
+        append = headers.append
         size = 0
         position = 0
         end = len(data)
         while position < end:
             byte = data[position]
+            position += 1
             if 0x80 < byte < 0xFF:  # indexed field, index 1 to 126 (0x80 is index 0, 0xFF goes on)
                 index = byte - 0x81
+                if index < _STATIC_LENGTH:
+                    append(_STATIC_TABLE[index])
+                    size += _STATIC_SIZES[index]
+                    continue
                 if index >= table_length:
                     return None
-                field = _STATIC_TABLE[index] if index < _STATIC_LENGTH else dynamic[index - _STATIC_LENGTH]
-                position += 1
+                field = dynamic[index - _STATIC_LENGTH]
             elif byte in _LITERAL_NEW_NAME:
-                name, position = _plain_string(data, position + 1)
+                name, position = _plain_string(data, position)
                 if name is None:
                     return None
                 value, position = _plain_string(data, position)
@@ -72,11 +81,9 @@ class Decoder(hpack.Decoder):
             else:
                 return None
             size += len(field[0]) + len(field[1]) + _ENTRY_OVERHEAD
-            if size > self.max_header_list_size:
-                raise OversizedHeaderListError(
-                    f"A header list larger than {self.max_header_list_size} has been received"
-                )
-            headers.append(field)
+            append(field)
+        if size > self.max_header_list_size:
+            raise OversizedHeaderListError(f"A header list larger than {self.max_header_list_size} has been received")
         return headers
 
 

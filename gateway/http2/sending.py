@@ -16,6 +16,8 @@ from gateway.http2 import frames as f
 from gateway.http2.stream import Stream
 from gateway.http2.stream_ids import StreamIds
 
+_FRAME_HEADER_PACK = f.FRAME_HEADER.pack
+
 DYNAMIC_TABLE_SIZE_ZERO = b"\x20"  # HPACK "dynamic table size update" to 0 (RFC 7541 section 6.3)
 
 
@@ -111,7 +113,14 @@ class Http2Sender:
             self.send_window -= length
             stream.send_window -= length
             self.has_sent_data = True
-            self.write(f.pack_frame(f.DATA, f.END_STREAM if end_stream else 0, stream.stream_id, data))
+            # `write` of `pack_frame`, unrolled: the frame's header and its data are queued as
+            # two pieces (the flush joins them anyway), once per relayed message.
+            flags = f.END_STREAM if end_stream else 0
+            out = self._out
+            out.append(_FRAME_HEADER_PACK(length >> 8, length & 0xFF, f.DATA, flags, stream.stream_id))
+            out.append(data)
+            if self._flush_handle is None and not self.is_closed:
+                self._flush_handle = self._loop.call_soon(self._flush)
             if end_stream:
                 self._close_local(stream)
             self._credits.append((stream, length))
