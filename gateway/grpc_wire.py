@@ -255,6 +255,16 @@ class MessageScanner:
         self._inflater: zlib._Decompress | None = None  # inflating a compressed message's start
 
     def feed(self, data: bytes) -> int:
+        # Most DATA frames carry exactly one whole message: once there is no first byte to
+        # watch, its prefix is all there is to read.
+        if not self._remaining and not self._header and (self.watch_seen or self.watch_byte < 0):
+            size = len(data)
+            if size >= MESSAGE_PREFIX_SIZE:
+                length = _MESSAGE_PREFIX.unpack_from(data)[1]
+                if length + MESSAGE_PREFIX_SIZE == size:
+                    if length > self.max_length:
+                        self.max_length = length
+                    return 1
         completed = 0
         position = 0
         size = len(data)

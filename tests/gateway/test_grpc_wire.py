@@ -4,6 +4,7 @@ request inflation with its bounds, and spotting the first token in compressed st
 from __future__ import annotations
 
 import gzip
+import random
 import struct
 import zlib
 
@@ -90,6 +91,27 @@ def test_the_first_delta_is_seen_in_plain_and_compressed_streams_cut_anywhere(en
         if start + cut <= first_message_end:
             assert not scanner.watch_seen  # the prompt info is no token
     assert scanner.watch_seen and completed == 2
+
+
+@pytest.mark.parametrize("watch_byte", [-1, DELTA_TAG])
+def test_messages_are_counted_and_measured_whether_frames_hold_them_whole_or_in_pieces(watch_byte):
+    """Whole-message frames take a short path; mixed with cut ones, every count and length holds."""
+    rng = random.Random(7)
+    for _ in range(200):
+        payloads = [bytes([rng.choice((0x0A, DELTA_TAG))]) * rng.randrange(0, 40) for _ in range(rng.randrange(1, 12))]
+        messages = [framed(payload) for payload in payloads]
+        frames: list[bytes] = []
+        for message in messages:  # each message whole, or cut into pieces at random points
+            if rng.random() < 0.5:
+                frames.append(message)
+            else:
+                cuts = sorted(rng.sample(range(1, len(message)), min(2, len(message) - 1)))
+                frames.extend(message[a:b] for a, b in zip([0, *cuts], [*cuts, len(message)], strict=True))
+        scanner = MessageScanner(watch_byte)
+        completed = [scanner.feed(frame) for frame in frames]
+        assert sum(completed) == len(messages)
+        assert scanner.max_length == max(len(payload) for payload in payloads)
+        assert scanner.watch_seen == (watch_byte >= 0 and any(p[:1] == bytes([DELTA_TAG]) for p in payloads))
 
 
 def test_compressed_messages_of_an_unknown_encoding_or_corrupt_are_not_guessed():
