@@ -83,7 +83,7 @@ class Forwarder:
         for rpc, _ in DPGATE_METHODS.values():  # at 0 from the start (see gateway/metrics.py)
             metrics.retries.labels(rpc=rpc)
         self._routed: dict[int, Counter] = {}
-        self._requests: dict[tuple[str, str], Counter] = {}
+        self._requests: dict[tuple[str, grpc.StatusCode], Counter] = {}
         self._durations: dict[str, Histogram] = {}
         # Calls ended in this loop iteration, accounted for at its end (see call_ended).
         self._ended: list[tuple[str, grpc.StatusCode, int | None, float, float, str]] = []
@@ -210,7 +210,7 @@ class Forwarder:
             self.log_call(rpc, code, rank, start, request_id, end)
 
     def record(self, rpc: str, code: grpc.StatusCode, start: float, end: float | None = None) -> None:
-        key = (rpc, code.name)
+        key = (rpc, code)
         counter = self._requests.get(key)
         if counter is None:
             counter = self._requests[key] = self.metrics.requests.labels(rpc=rpc, code=code.name)
@@ -232,12 +232,13 @@ class Forwarder:
             return
         duration_ms = round(((time.perf_counter() if end is None else end) - start) * 1000, 3)
         served = "" if rank is None else f" by rank {rank}"
-        fields = {"request_id": request_id, "rpc": rpc, "code": code.name, "duration_ms": duration_ms}
+        code_name = code.name  # (an enum member's name is a property: read it once)
+        fields = {"request_id": request_id, "rpc": rpc, "code": code_name, "duration_ms": duration_ms}
         if rank is not None:
             fields["data_parallel_rank"] = rank
         record = access_logger.makeRecord(
             access_logger.name, logging.INFO, __file__, 0, "%s %s%s in %.1f ms",
-            (rpc, code.name, served, duration_ms), None, "log_call", fields,
+            (rpc, code_name, served, duration_ms), None, "log_call", fields,
         )  # fmt: skip
         access_logger.handle(record)
 

@@ -269,10 +269,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"dpgate gateway: error: {attribute(str(error), args)}", file=sys.stderr)
         return 2
-    # One access line a call: written once per loop iteration, and without the process fields
-    # LogRecord would look up for each line (no format of dpgate.logs shows them).
+    # One access line a call: written once per loop iteration, and without the process and
+    # thread fields LogRecord would look up for each line (no format of dpgate.logs shows them).
     configure_logging(config.log_format, batch_writes=True)
-    logging.logProcesses = logging.logMultiprocessing = False
+    logging.logProcesses = logging.logMultiprocessing = logging.logThreads = False
     keep_mmap_threshold()  # request bodies of megabytes are freed back to the system (gateway/heap.py)
     import uvloop
 
