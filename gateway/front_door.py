@@ -38,6 +38,12 @@ from gateway.http2.limits import Http2Limits
 
 logger = logging.getLogger("dpgate.gateway.front_door")
 _MAX_PING_STRIKES = 2
+# Bytes relayed to the client are handed to the call's handler (which returns the engine's
+# flow-control credit) in steps of at least this many. The gateway opens a 4 MiB window on each
+# upstream stream and tells the engine of credit once 2 MiB are due, so a smaller step changes
+# nothing the engine sees; without one, a stream of small token messages made three calls per
+# message to add a number (issue 27).
+CREDIT_STEP_BYTES = 64 * 1024
 
 
 class CallHandler(Protocol):
@@ -55,7 +61,7 @@ class CallOpener(Protocol):
 class ServerCall(Stream):
     """One client call: its request headers in, the response out."""
 
-    __slots__ = ("handler", "headers", "is_finished", "is_response_started")
+    __slots__ = ("_unreturned", "handler", "headers", "is_finished", "is_response_started")
 
     def __init__(self, connection: ClientConnection, headers: Headers) -> None:
         super().__init__(connection)
@@ -63,6 +69,7 @@ class ServerCall(Stream):
         self.handler: CallHandler | None = None
         self.is_response_started = False
         self.is_finished = False
+        self._unreturned = 0  # bytes sent and not yet handed to the handler (CREDIT_STEP_BYTES)
 
     @property
     def peer(self) -> str:
@@ -85,8 +92,13 @@ class ServerCall(Stream):
                 self.handler.on_cancelled()
 
     def on_sent(self, num_bytes: int) -> None:
+        unreturned = self._unreturned + num_bytes
+        if unreturned < CREDIT_STEP_BYTES:
+            self._unreturned = unreturned
+            return
+        self._unreturned = 0
         if self.handler is not None:
-            self.handler.on_response_sent(num_bytes)
+            self.handler.on_response_sent(unreturned)
 
     def start_response(self, extra: bytes = b"") -> None:
         if not self.is_response_started:

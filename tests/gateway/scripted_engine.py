@@ -9,6 +9,8 @@ Generate and GenerateStream by the request's `text`:
   records whether the call was cancelled (`cancelled`, `num_running`).
 - `gzip`: the stream of `slow` without delay, its messages gzip-compressed (their text is long
   and repetitive: gRPC sends a message uncompressed when compressing would not shrink it).
+- `bulk`: the stream of `slow` without delay, each delta carrying `BULK_TEXT_BYTES` of text, so
+  a long one outlasts many of the flow-control windows the gateway opens upstream.
 It runs on its own event loop in a daemon thread; `ScriptedEngine.start()` returns once it serves
 on 127.0.0.1 (port 0), and `stop()` ends it.
 """
@@ -34,6 +36,7 @@ DETAILS_MESSAGE = "the engine says no"
 # (googleapis-common-protos is not a dependency): field 1 varint, field 2 length-delimited.
 DETAILS = b"\x08\x09\x12" + bytes([len(DETAILS_MESSAGE)]) + DETAILS_MESSAGE.encode()
 TOKEN_DELAY_S = 0.05
+BULK_TEXT_BYTES = 16_000
 
 
 class ScriptedEngine:
@@ -121,6 +124,8 @@ class ScriptedEngine:
         if request.text == "gzip":
             context.set_compression(grpc.Compression.Gzip)
             filler = 4000
+        elif request.text == "bulk":
+            filler = BULK_TEXT_BYTES
         self.num_running += 1
         try:
             info = generate_pb2.PromptInfo(request_id="s" * filler)

@@ -3,6 +3,8 @@
 - Custom initial and trailing metadata and grpc-status-details-bin from the engine reach the
   client unchanged (compared with the same call made straight to the engine).
 - TTFT is recorded for a stream whose messages the engine gzip-compresses.
+- A stream far longer than the flow-control window the gateway opens upstream is relayed whole:
+  the engine gets its credit back as the bytes reach the client.
 - However the client's stream ends (a gRPC cancel, a raw RST_STREAM, a dropped connection, its
   deadline), the engine sees its call cancelled and stops.
 """
@@ -15,8 +17,16 @@ import grpc
 import pytest
 
 from dpgate.v1 import generate_pb2
+from gateway.http2.stream import LOCAL_STREAM_WINDOW
 from tests.gateway.raw_grpc import RawCall, message
-from tests.gateway.scripted_engine import DETAILS, DETAILS_MESSAGE, INITIAL, TRAILING, ScriptedEngine
+from tests.gateway.scripted_engine import (
+    BULK_TEXT_BYTES,
+    DETAILS,
+    DETAILS_MESSAGE,
+    INITIAL,
+    TRAILING,
+    ScriptedEngine,
+)
 from tests.support.gateway_processes import FAST_HEALTH, RANK_KEY, GatewayProcess, inference_stub
 
 STREAM_PATH = "/dpgate.v1.InferenceService/GenerateStream"
@@ -115,6 +125,15 @@ def open_slow_raw_stream(front) -> RawCall:
     call.send(message(streamed("slow", 200).SerializeToString()))
     call.read_until(lambda answer: len(answer.data) > 0)  # the engine is generating
     return call
+
+
+def test_a_stream_many_windows_long_is_relayed_whole(front):
+    num_deltas = 3 * LOCAL_STREAM_WINDOW // BULK_TEXT_BYTES  # three upstream windows' worth
+    with grpc.insecure_channel(front.address) as channel:
+        responses = list(inference_stub(channel).GenerateStream(streamed("bulk", num_deltas), timeout=60))
+    deltas = [response.delta.text for response in responses if response.HasField("delta")]
+    assert len(deltas) == num_deltas and all(len(text) == BULK_TEXT_BYTES for text in deltas)
+    assert responses[-1].HasField("finish")
 
 
 def test_a_client_cancel_cancels_the_engine_call(scripted, front):
