@@ -20,6 +20,8 @@ every figure is the median of its rounds; each round's figures are kept in the J
     python bench/gateway_overhead.py --duration 1 --repeats 1    # quicker
     python bench/gateway_overhead.py --no-install    # Envoy only if already installed, else without it
     python bench/gateway_overhead.py --json FILE     # also write the figures as JSON (bench/report.py)
+    python bench/gateway_overhead.py --baseline ../before   # also the gateway of another checkout
+                                                     # (a git worktree of the commit before a change)
 """
 
 from __future__ import annotations
@@ -67,9 +69,10 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS_PER_SECOND  # utime + stime
 
 
-def start_process(args: list[str], marker: str) -> tuple[subprocess.Popen, str]:
-    """Start a child and wait for its `... listening on HOST:PORT` line; return it and the address."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def start_process(args: list[str], marker: str, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """Start a child (its imports from the checkout `root`) and wait for its `... listening on
+    HOST:PORT` line; return it and the address."""
+    env = dict(os.environ, PYTHONPATH=str(root))
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -189,13 +192,16 @@ def report(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
                     line += f"  proxy CPU {result.cpu_us:6.1f} us each = {1e6 / result.cpu_us:8,.0f} {unit} per core"
                 print(line)
     if ENVOY in targets:
-        print_against_envoy(targets, args)
+        print_against(targets, ENVOY, "Envoy", args)
+    for name in targets:
+        if ROLES.get(name) is None:  # a --baseline checkout's gateway
+            print_against(targets, name, "before", args)
 
 
-def print_against_envoy(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
-    """dpgate / Envoy for the figures issue 27 sets targets on (a ratio under 1 is better for dpgate,
+def print_against(targets: dict[str, list[Result]], peer_name: str, label: str, args: argparse.Namespace) -> None:
+    """dpgate / the peer for the figures issue 27 sets targets on (a ratio under 1 is better for dpgate,
     except for the rates)."""
-    direct, envoy, ours = ({r.scenario: r for r in targets[name]} for name in ("direct", ENVOY, "dpgate gateway"))
+    direct, envoy, ours = ({r.scenario: r for r in targets[name]} for name in ("direct", peer_name, "dpgate gateway"))
     c = args.concurrency
     rows = []
     for kind in ("unary", "stream"):
@@ -207,10 +213,10 @@ def print_against_envoy(targets: dict[str, list[Result]], args: argparse.Namespa
         rows.append((f"{kind} {unit} at c={c}", ours[f"{kind} c={c}"].per_second, envoy[f"{kind} c={c}"].per_second))
         rows.append((f"proxy CPU per {kind} {'call' if kind == 'unary' else 'message'} (us)",
                      ours[f"{kind} c={c}"].cpu_us or 0.0, envoy[f"{kind} c={c}"].cpu_us or 0.0))  # fmt: skip
-    print("\ndpgate against Envoy (medians)")
+    print(f"\ndpgate against {peer_name} (medians)")
     for figure, value, peer in rows:
         ratio = f"{value / peer:6.2f}x" if peer > 0 else "     -"
-        print(f"  {figure:<34} dpgate {value:10.3f}  Envoy {peer:10.3f}  {ratio}")
+        print(f"  {figure:<34} dpgate {value:10.3f}  {label} {peer:10.3f}  {ratio}")
 
 
 def write_json(
@@ -229,7 +235,7 @@ def write_json(
         "targets": [
             {
                 "name": name,
-                "role": ROLES[name],
+                "role": ROLES.get(name, "baseline"),
                 "scenarios": [asdict(r) for r in rs],
                 "rounds": [[asdict(r) for r in round_] for round_ in rounds[name]],
             }
@@ -304,6 +310,9 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; each figure is their median")
     parser.add_argument("--no-envoy", action="store_true", help="leave Envoy out")
     parser.add_argument("--no-install", action="store_true", help="use Envoy only if it is already installed")
+    parser.add_argument("--baseline", metavar="CHECKOUT", type=Path,
+                        help="also run the gateway of another checkout of dpgate as one more target in the same "
+                        "rounds (a git worktree of the commit before a change)")  # fmt: skip
     parser.add_argument("--bare-proxy", metavar="ENGINE", help=argparse.SUPPRESS)  # internal: run the floor
     add_json_argument(parser)
     args = parser.parse_args()
@@ -312,6 +321,8 @@ def main() -> int:
         return 0
     if args.repeats < 1 or args.calls < 2 or args.duration <= 0 or args.concurrency < 1:
         parser.error("--repeats and --concurrency must be at least 1, --calls at least 2, --duration positive")
+    if args.baseline is not None and not (args.baseline / "gateway" / "gateway_command.py").is_file():
+        parser.error(f"--baseline {args.baseline} is not a checkout of dpgate (it has no gateway/gateway_command.py)")
     python = sys.executable
     started: list[subprocess.Popen] = []
     try:
@@ -335,6 +346,15 @@ def main() -> int:
         )
         started.append(gateway)
         addresses["dpgate gateway"] = (gateway_address, gateway.pid)
+        if args.baseline is not None:
+            name = f"dpgate gateway at {checkout_commit(args.baseline)}"
+            before, before_address = start_process(
+                [python, "-m", "dpgate.cli", "gateway", "--port", "0", "--engine", engine_address],
+                "listening on ",
+                root=args.baseline.resolve(),
+            )
+            started.append(before)
+            addresses[name] = (before_address, before.pid)
         import uvloop
 
         rounds: dict[str, list[list[Result]]] = {name: [] for name in addresses}
@@ -351,6 +371,13 @@ def main() -> int:
     finally:
         stop_processes(started)
     return 0
+
+
+def checkout_commit(checkout: Path) -> str:
+    """The short commit of a --baseline checkout (its directory's name where git cannot say)."""
+    command = ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    return result.stdout.strip() or checkout.name
 
 
 def stop_processes(started: list[subprocess.Popen]) -> None:

@@ -188,3 +188,20 @@ def test_a_quick_real_run_of_the_gateway_bench_through_the_report(tmp_path: Path
     assert (out / "performance/gateway_added_latency.png").stat().st_size > 15_000
     runs = json.loads((out / "performance/results/runs.json").read_text())
     assert runs["gateway_overhead"]["exit"] == 0 and runs["gateway_overhead"]["quick"] is True
+
+
+@pytest.mark.e2e
+def test_the_gateway_bench_runs_another_checkouts_gateway_in_the_same_rounds(tmp_path: Path) -> None:
+    """--baseline: the gateway of another checkout (here this one) is one more target, compared row by row."""
+    out = tmp_path / "overhead.json"
+    sizes = ["--no-envoy", "--repeats", "1", "--calls", "20", "--duration", "0.3", "--concurrency", "4"]
+    bench = str(ROOT / "bench/gateway_overhead.py")
+    command = [sys.executable, bench, *sizes, "--baseline", str(ROOT), "--json", str(out)]
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    targets = json.loads(out.read_text())["results"]["targets"]
+    assert [target["role"] for target in targets] == ["direct", "peer", "dpgate", "baseline"]
+    baseline_name = targets[-1]["name"]
+    assert baseline_name.startswith("dpgate gateway at ")
+    assert f"dpgate against {baseline_name} (medians)" in result.stdout
+    assert "proxy CPU per stream message (us)" in result.stdout.split(baseline_name)[-1]
