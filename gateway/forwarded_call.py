@@ -194,7 +194,6 @@ class ForwardedCall:
         self._body_timer: asyncio.TimerHandle | None = None
         if not end_stream:  # a headers-only stream must not hold its slot for ever
             self._body_timer = loop.call_later(forwarder.config.request_body_timeout_s, self._body_late)
-        forwarder.metrics.in_flight.inc()
         forwarder.calls.add(self)
         call.handler = self
         if end_stream:

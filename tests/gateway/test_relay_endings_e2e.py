@@ -148,9 +148,11 @@ def test_a_client_cancel_cancels_the_engine_call(scripted, front):
 def test_a_raw_rst_stream_cancels_the_engine_call(scripted, front):
     before = len(scripted.cancelled)
     call = open_slow_raw_stream(front)
+    assert front.metrics()["dpgate_gateway_in_flight_requests"] == 1  # the gauge counts the call it serves
     call.reset()
     wait_cancelled(scripted, before + 1)
     call.close()
+    assert front.metrics()["dpgate_gateway_in_flight_requests"] == 0
 
 
 def test_a_dropped_connection_cancels_the_engine_call(scripted, front):
