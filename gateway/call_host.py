@@ -33,7 +33,8 @@ class CallHost(Protocol):
         ...
 
     def call_ended(self, rpc: str, code: grpc.StatusCode, rank: int | None, start: float, request_id: str) -> None:
-        """Count, time and log an ended call (its in-flight gauge, its code, its latency, its access line)."""
+        """Count, time and log an ended call (its code, its latency, its access line); the in-flight
+        gauge reads `num_in_flight`, which the call itself lowers."""
         ...
 
     def record_outcome(self, engine: EngineClient, outcome: str | CallEvent) -> None:
