@@ -32,9 +32,18 @@ class CallHost(Protocol):
         """The engine for a call: the pinned rank's, else the policy's pick among the usable others."""
         ...
 
-    def call_ended(self, rpc: str, code: grpc.StatusCode, rank: int | None, start: float, request_id: str) -> None:
+    def call_ended(
+        self,
+        rpc: str,
+        code: grpc.StatusCode,
+        rank: int | None,
+        start: float,
+        request_id: str,
+        added_from: float | None = None,
+    ) -> None:
         """Count, time and log an ended call (its code, its latency, its access line); the in-flight
-        gauge reads `num_in_flight`, which the call itself lowers."""
+        gauge reads `num_in_flight`, which the call itself lowers. `added_from`: the call's end less
+        this is the latency the gateway added (None when no engine answered it)."""
         ...
 
     def record_outcome(self, engine: EngineClient, outcome: str | CallEvent) -> None:

@@ -120,15 +120,19 @@ class ForwardedCall:
         "_deadline",
         "_dispatched_at",
         "_engine",
+        "_engine_time",
         "_excluded",
         "_forwarder",
         "_headers",
+        "_is_answered",
         "_is_done",
         "_num_sent",
+        "_opened_at",
         "_peer",
         "_pending_prefill",
         "_prompt",
         "_rank",
+        "_received_at",
         "_request",
         "_request_id",
         "_request_id_field",
@@ -180,6 +184,13 @@ class ForwardedCall:
         self._pending_prefill = 0  # prompt tokens counted in the engine's pending_prefill_tokens
         self._dispatched_at = 0  # the engine's GetLoad asks when this call was sent there
         self._is_done = False
+        # What the gateway adds to the call's latency (dpgate_gateway_added_latency_seconds): from
+        # the read that completed the request to its end, less the engine's part (each attempt's
+        # request queued upstream to its end read back); measured once an engine ended an attempt.
+        self._received_at = 0.0
+        self._opened_at = 0.0
+        self._engine_time = 0.0
+        self._is_answered = False
         self._ttft_pending = streaming
         self._task: asyncio.Future | None = None
         loop = asyncio.get_running_loop()
@@ -225,6 +236,7 @@ class ForwardedCall:
         self._finish(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
     def _request_complete(self) -> None:
+        self._received_at = self._call.received_at
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
@@ -308,6 +320,7 @@ class ForwardedCall:
         extra = self._headers.passed + self._headers.tenant_field + self._request_id_field
         block = self._engine.link.request_headers(self._headers.path, timeout, extra)
         self._upstream = connection.open_stream(self, block, self._body, end_stream=True)
+        self._opened_at = time.perf_counter()
 
     # --- upstream events ----------------------------------------------------------------------
 
@@ -315,6 +328,7 @@ class ForwardedCall:
         if self._is_done:
             return
         if end_stream:
+            self._engine_stopped(self._read_at())
             status = ResponseStatus.read(headers)
             if status.code is None:
                 self._engine_ended(CallEvent.NO_STATUS, grpc.StatusCode.INTERNAL, _NO_STATUS_MESSAGE)
@@ -347,12 +361,25 @@ class ForwardedCall:
         self._call.send(data)
         self._num_sent += completed
         if end_stream:  # DATA ending a response without trailers breaks the gRPC protocol
+            self._engine_stopped(self._read_at())
             self._engine_ended(CallEvent.NO_STATUS, grpc.StatusCode.INTERNAL, _NO_STATUS_MESSAGE)
 
     def upstream_reset(self, error_code: int | None) -> None:
         if not self._is_done:
+            # A lost connection is noticed now; a reset frame was read with the connection's latest bytes.
+            self._engine_stopped(time.perf_counter() if error_code is None else self._read_at())
             event = _RESET_EVENTS.get(error_code, CallEvent.STREAM_RESET)
             self._engine_ended(event, *reset_status(error_code))
+
+    def _read_at(self) -> float:
+        """When the upstream connection's latest bytes (the frame being handled) were read."""
+        upstream = self._upstream
+        return upstream.connection.last_read_at if upstream is not None else time.perf_counter()
+
+    def _engine_stopped(self, read_at: float) -> None:
+        """The engine's end of this attempt was read: the time since its request was queued was the engine's."""
+        self._engine_time += max(0.0, read_at - self._opened_at)
+        self._is_answered = True
 
     def _release_engine(self) -> EngineClient | None:
         engine = self._engine
@@ -477,7 +504,8 @@ class ForwardedCall:
             self._body_timer.cancel()
             self._body_timer = None
         forwarder.calls.discard(self)
-        forwarder.call_ended(self._rpc, code, self._served_rank, self._start, self._request_id)
+        added_from = self._received_at + self._engine_time if self._is_answered else None
+        forwarder.call_ended(self._rpc, code, self._served_rank, self._start, self._request_id, added_from)
 
     # --- Abort fans out -----------------------------------------------------------------------
 

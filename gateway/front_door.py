@@ -72,6 +72,12 @@ class ServerCall(Stream):
         self._unreturned = 0  # bytes sent and not yet handed to the handler (CREDIT_STEP_BYTES)
 
     @property
+    def received_at(self) -> float:
+        """`time.perf_counter()` of the read that brought the request's latest bytes (the gateway's
+        added latency counts from there)."""
+        return self.connection.last_read_at
+
+    @property
     def peer(self) -> str:
         """The client's address (the per-peer limits count calls by it)."""
         return self.connection.peer

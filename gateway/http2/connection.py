@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from hpack import OversizedHeaderListError
 
@@ -75,6 +76,9 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
             ResetBudget(limits.max_resets_per_second, now) if limits.max_resets_per_second is not None else None
         )
         self.last_frame_time = now
+        # time.perf_counter() when the latest bytes arrived: a call's added latency counts from
+        # the read that brought its request, or its engine's answer (the loop's clock is too coarse).
+        self.last_read_at = time.perf_counter()
         # Indexed by frame type; types past CONTINUATION are extensions and are ignored.
         self._handlers = (
             self._on_data, self._on_headers, self._on_priority, self._on_rst_stream, self._on_settings,
@@ -147,6 +151,7 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
             self._awaiting_preface = False
             offset = preface_length
         self.last_frame_time = self._loop.time()
+        self.last_read_at = time.perf_counter()
         size = len(data)
         unpack = f.FRAME_HEADER.unpack_from
         handlers = self._handlers

@@ -18,6 +18,7 @@ class StreamConnection(Protocol):
     peer_initial_window: int  # the send window a new stream starts with (the peer's SETTINGS)
     is_client: bool
     is_closed: bool
+    last_read_at: float  # time.perf_counter() when the connection's latest bytes arrived
 
     def send_headers(self, stream: Stream, block: bytes, end_stream: bool = False) -> None: ...
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -48,7 +49,10 @@ class EngineCall:
     relay use; nothing else of it is touched.
     """
 
-    __slots__ = ("_buffer", "_queue", "_status", "handler", "headers", "is_finished", "is_response_started", "peer")
+    __slots__ = (
+        "_buffer", "_queue", "_status", "handler", "headers", "is_finished", "is_response_started", "peer",
+        "received_at",
+    )  # fmt: skip
 
     def __init__(self, headers: Headers, peer: str = "") -> None:
         self.headers = headers
@@ -56,6 +60,7 @@ class EngineCall:
         self.handler = None  # set by the forwarder when it admits the call
         self.is_response_started = False
         self.is_finished = False
+        self.received_at = 0.0  # time.perf_counter() when the request message was handed over (`start`)
         self._buffer = b""
         self._queue: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
         self._status: ResponseStatus | None = None
@@ -97,6 +102,7 @@ class EngineCall:
 
     def start(self, opener: CallOpener, request: bytes) -> None:
         """Open the call through the forwarder and send its one request message."""
+        self.received_at = time.perf_counter()
         opener.open_call(self, False)
         if self.handler is not None:
             self.handler.on_request_data(frame_message(request), True)

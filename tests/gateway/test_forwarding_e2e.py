@@ -145,3 +145,7 @@ def test_metrics_count_routes_and_codes(gateway):
     assert samples["dpgate_gateway_in_flight_requests"] == 0
     assert samples["dpgate_gateway_time_to_first_token_seconds_count"] >= 1
     assert samples['dpgate_gateway_request_duration_seconds_count{rpc="Generate"}'] >= 4
+    # The calls an engine answered (the refused one never left the gateway), and each added little.
+    added = samples['dpgate_gateway_added_latency_seconds_count{rpc="Generate"}']
+    assert added >= 3
+    assert samples['dpgate_gateway_added_latency_seconds_sum{rpc="Generate"}'] / added < 0.1

@@ -24,6 +24,7 @@ from tests.gateway.scripted_engine import (
     DETAILS,
     DETAILS_MESSAGE,
     INITIAL,
+    TOKEN_DELAY_S,
     TRAILING,
     ScriptedEngine,
 )
@@ -102,6 +103,29 @@ def test_ttft_is_recorded_for_a_gzip_compressed_stream(front):
     assert answer.headers.get("grpc-encoding") == "gzip" and answer.status == 0
     assert compressed_flags(answer.data)[:4] == [1, 1, 1, 1]  # the small finish may go uncompressed
     assert ttft_count() == before + 2
+
+
+def test_the_added_latency_leaves_out_the_engines_time(front):
+    """The engine takes four 50 ms steps over a stream: the call's duration holds them, the latency
+    the gateway says it added (reading the request to queuing it upstream, reading the engine's
+    end to queuing the client's) does not."""
+
+    def read() -> tuple[float, float, float]:
+        samples = front.metrics()
+        return (
+            samples.get('dpgate_gateway_added_latency_seconds_count{rpc="GenerateStream"}', 0.0),
+            samples.get('dpgate_gateway_added_latency_seconds_sum{rpc="GenerateStream"}', 0.0),
+            samples.get('dpgate_gateway_request_duration_seconds_sum{rpc="GenerateStream"}', 0.0),
+        )
+
+    count, added, duration = read()
+    with grpc.insecure_channel(front.address) as channel:
+        responses = list(inference_stub(channel).GenerateStream(streamed("slow", 4), timeout=10))
+    assert responses[-1].HasField("finish")
+    count_after, added_after, duration_after = read()
+    assert count_after == count + 1
+    assert duration_after - duration >= 3 * TOKEN_DELAY_S
+    assert 0 < added_after - added < TOKEN_DELAY_S
 
 
 def compressed_flags(data: bytes) -> list[int]:
