@@ -62,6 +62,10 @@ class Result:
     p99_ms: float = 0.0
     per_second: float = 0.0
     cpu_us: float | None = None  # proxy CPU per call or message (None for the direct target)
+    # What dpgate's own histogram (dpgate_gateway_added_latency_seconds) says it added over the
+    # same calls (unary c=1 only; None for the other targets and for a gateway without it).
+    own_added_p50_ms: float | None = None
+    own_added_p99_ms: float | None = None
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -72,6 +76,12 @@ def process_cpu_seconds(pid: int) -> float:
 def start_process(args: list[str], marker: str, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
     """Start a child (its imports from the checkout `root`) and wait for its `... listening on
     HOST:PORT` line; return it and the address."""
+    process, line = start_process_line(args, marker, root)
+    return process, line.split(marker, 1)[1].split()[0].rstrip(",")
+
+
+def start_process_line(args: list[str], marker: str, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """`start_process`, returning the child's whole first line."""
     env = dict(os.environ, PYTHONPATH=str(root))
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     assert process.stdout is not None
@@ -79,7 +89,17 @@ def start_process(args: list[str], marker: str, root: Path = ROOT) -> tuple[subp
     if marker not in line:
         process.kill()
         raise RuntimeError(f"{args[1:4]} did not start: {line!r}")
-    return process, line.split(marker, 1)[1].split()[0].rstrip(",")
+    return process, line
+
+
+def start_gateway(engine_address: str, root: Path = ROOT) -> tuple[subprocess.Popen, str, str | None]:
+    """A dpgate gateway of the checkout `root` with its metrics on a port of its own choosing:
+    the process, its address and its metrics address (None where the line does not say one)."""
+    command = [sys.executable, "-m", "dpgate.cli", "gateway", "--port", "0", "--metrics-port", "0"]
+    process, line = start_process_line([*command, "--engine", engine_address], "listening on ", root)
+    address = line.split("listening on ", 1)[1].split()[0].rstrip(",")
+    metrics = line.split("metrics on ", 1)[1].split()[0].rstrip(",") if "metrics on " in line else None
+    return process, address, metrics
 
 
 async def wait_until_serving(channel: aio.Channel, request: bytes) -> None:
@@ -136,7 +156,46 @@ def percentile(samples: list[float], q: int) -> float:
     return statistics.quantiles(samples, n=100, method="inclusive")[q - 1]
 
 
-async def measure(address: str, proxy_pid: int | None, args: argparse.Namespace) -> list[Result]:
+ADDED_LATENCY = "dpgate_gateway_added_latency_seconds"
+
+
+def added_latency_buckets(metrics_address: str) -> dict[float, float]:
+    """The gateway's added-latency histogram for unary Generate: upper bound -> cumulative count."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urlopen(f"http://{metrics_address}/metrics", timeout=5).read().decode()
+    buckets: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name == ADDED_LATENCY:
+            for sample in family.samples:
+                if sample.name.endswith("_bucket") and sample.labels.get("rpc") == "Generate":
+                    buckets[float(sample.labels["le"])] = sample.value
+    return buckets
+
+
+def histogram_quantile(q: float, before: dict[float, float], after: dict[float, float]) -> float | None:
+    """The q-quantile of the observations made between two scrapes, interpolated within its bucket
+    as Prometheus's histogram_quantile does (seconds; None when nothing was observed)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    lower, below = 0.0, 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= rank:
+            if bound == float("inf"):
+                return lower  # past the last finite bucket: its bound, as Prometheus answers
+            return lower + (bound - lower) * (rank - below) / (count - below) if count > below else bound
+        lower, below = bound, count
+    return None
+
+
+async def measure(
+    address: str, proxy_pid: int | None, args: argparse.Namespace, metrics_address: str | None = None
+) -> list[Result]:
     results = []
     async with aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
         request = generate_pb2.GenerateRequest(text="hello").SerializeToString()
@@ -144,8 +203,17 @@ async def measure(address: str, proxy_pid: int | None, args: argparse.Namespace)
         for streaming in (False, True):
             name = "stream" if streaming else "unary"
             await latency(channel, request, 100, streaming)  # warm-up
+            own = metrics_address is not None and not streaming
+            before = added_latency_buckets(metrics_address) if own else {}
             samples = await latency(channel, request, args.calls, streaming)
-            results.append(Result(f"{name} c=1", percentile(samples, 50) * 1e3, percentile(samples, 99) * 1e3))
+            result = Result(f"{name} c=1", percentile(samples, 50) * 1e3, percentile(samples, 99) * 1e3)
+            if own:
+                await asyncio.sleep(0.05)  # the gateway accounts for a call just after its answer leaves
+                after = added_latency_buckets(metrics_address)
+                p50, p99 = histogram_quantile(0.5, before, after), histogram_quantile(0.99, before, after)
+                result.own_added_p50_ms = p50 * 1e3 if p50 is not None else None
+                result.own_added_p99_ms = p99 * 1e3 if p99 is not None else None
+            results.append(result)
             cpu_before = process_cpu_seconds(proxy_pid) if proxy_pid else 0.0
             count, seconds = await throughput(channel, request, args.concurrency, args.duration, streaming)
             cpu_us = (process_cpu_seconds(proxy_pid) - cpu_before) / count * 1e6 if proxy_pid else None
@@ -158,6 +226,8 @@ def median_results(rounds: list[list[Result]]) -> list[Result]:
     medians = []
     for same in zip(*rounds, strict=True):
         cpu = [r.cpu_us for r in same if r.cpu_us is not None]
+        own_p50 = [r.own_added_p50_ms for r in same if r.own_added_p50_ms is not None]
+        own_p99 = [r.own_added_p99_ms for r in same if r.own_added_p99_ms is not None]
         medians.append(
             Result(
                 same[0].scenario,
@@ -165,6 +235,8 @@ def median_results(rounds: list[list[Result]]) -> list[Result]:
                 statistics.median(r.p99_ms for r in same),
                 statistics.median(r.per_second for r in same),
                 statistics.median(cpu) if cpu else None,
+                statistics.median(own_p50) if own_p50 else None,
+                statistics.median(own_p99) if own_p99 else None,
             )
         )
     return medians
@@ -185,6 +257,9 @@ def report(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
             if result.p50_ms:
                 added = "" if name == "direct" else f"  added p50 {result.p50_ms - base.p50_ms:+.3f} ms"
                 print(f"  {result.scenario:<14} p50 {result.p50_ms:7.3f} ms  p99 {result.p99_ms:7.3f} ms{added}")
+                if result.own_added_p50_ms is not None and result.own_added_p99_ms is not None:
+                    print(f"  {'':<14} its own histogram ({ADDED_LATENCY}): added p50 "
+                          f"{result.own_added_p50_ms:.3f} ms, p99 {result.own_added_p99_ms:.3f} ms")  # fmt: skip
             else:
                 unit = "messages/s" if result.scenario.startswith("stream") else "calls/s"
                 line = f"  {result.scenario:<14} {result.per_second:9,.0f} {unit}"
@@ -340,21 +415,16 @@ def main() -> int:
         envoy_address = start_envoy(engine_address, args, started)
         if envoy_address is not None:
             addresses[ENVOY] = (envoy_address, started[-1].pid)
-        gateway, gateway_address = start_process(
-            [python, "-m", "dpgate.cli", "gateway", "--port", "0", "--engine", engine_address],
-            "listening on ",
-        )
+        gateway, gateway_address, gateway_metrics = start_gateway(engine_address)
         started.append(gateway)
         addresses["dpgate gateway"] = (gateway_address, gateway.pid)
+        metrics_addresses = {"dpgate gateway": gateway_metrics}
         if args.baseline is not None:
             name = f"dpgate gateway at {checkout_commit(args.baseline)}"
-            before, before_address = start_process(
-                [python, "-m", "dpgate.cli", "gateway", "--port", "0", "--engine", engine_address],
-                "listening on ",
-                root=args.baseline.resolve(),
-            )
+            before, before_address, before_metrics = start_gateway(engine_address, args.baseline.resolve())
             started.append(before)
             addresses[name] = (before_address, before.pid)
+            metrics_addresses[name] = before_metrics
         import uvloop
 
         rounds: dict[str, list[list[Result]]] = {name: [] for name in addresses}
@@ -363,7 +433,7 @@ def main() -> int:
             shift = round_number % len(names)
             for name in names[shift:] + names[:shift]:
                 address, pid = addresses[name]
-                rounds[name].append(uvloop.run(measure(address, pid, args)))
+                rounds[name].append(uvloop.run(measure(address, pid, args, metrics_addresses.get(name))))
             print(f"round {round_number + 1}/{args.repeats} done", flush=True)
         targets = {name: median_results(rounds[name]) for name in names}
         report(targets, args)

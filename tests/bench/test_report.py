@@ -205,3 +205,21 @@ def test_the_gateway_bench_runs_another_checkouts_gateway_in_the_same_rounds(tmp
     assert baseline_name.startswith("dpgate gateway at ")
     assert f"dpgate against {baseline_name} (medians)" in result.stdout
     assert "proxy CPU per stream message (us)" in result.stdout.split(baseline_name)[-1]
+    # dpgate's own added-latency histogram is read over the unary calls at c=1, for both checkouts.
+    for target in targets[2:]:
+        [unary] = [s for s in target["scenarios"] if s["scenario"] == "unary c=1"]
+        assert 0 < unary["own_added_p50_ms"] <= unary["own_added_p99_ms"] < 1000
+    assert "its own histogram (dpgate_gateway_added_latency_seconds): added p50" in result.stdout
+
+
+def test_the_gateway_bench_reads_quantiles_off_a_histogram_as_prometheus_does() -> None:
+    from gateway_overhead import histogram_quantile
+
+    inf = float("inf")
+    before = {0.001: 10.0, 0.002: 10.0, inf: 10.0}
+    after = {0.001: 60.0, 0.002: 110.0, inf: 110.0}  # 50 calls under 1 ms, 50 between 1 and 2 ms
+    assert histogram_quantile(0.5, before, after) == pytest.approx(0.001)
+    assert histogram_quantile(0.99, before, after) == pytest.approx(0.001 + 0.001 * 49 / 50)
+    assert histogram_quantile(0.99, after, after) is None  # nothing observed between the scrapes
+    past_the_buckets = {0.001: 1.0, 0.002: 1.0, inf: 3.0}
+    assert histogram_quantile(0.99, {}, past_the_buckets) == pytest.approx(0.002)
