@@ -81,9 +81,11 @@ def start_process(args: list[str], marker: str, root: Path = ROOT) -> tuple[subp
 
 
 def start_process_line(args: list[str], marker: str, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
-    """`start_process`, returning the child's whole first line."""
+    """`start_process`, returning the child's whole first line. The child runs in `root` as well as
+    importing from it: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH,
+    so a --baseline gateway started from this checkout's directory ran this checkout's code."""
     env = dict(os.environ, PYTHONPATH=str(root))
-    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=root)
     assert process.stdout is not None
     line = process.stdout.readline()
     if marker not in line:

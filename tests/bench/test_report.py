@@ -212,6 +212,26 @@ def test_the_gateway_bench_runs_another_checkouts_gateway_in_the_same_rounds(tmp
     assert "its own histogram (dpgate_gateway_added_latency_seconds): added p50" in result.stdout
 
 
+@pytest.mark.e2e
+def test_the_baseline_gateway_runs_the_baseline_checkouts_code(tmp_path: Path) -> None:
+    """A copy of this checkout whose gateway names its added-latency histogram differently: the
+    bench, run from this checkout, finds no such histogram on the baseline (it once ran its own code)."""
+    baseline = tmp_path / "before"
+    for package in ("dpgate", "gateway", "engines"):
+        shutil.copytree(ROOT / package, baseline / package, ignore=shutil.ignore_patterns("__pycache__"))
+    metrics = baseline / "gateway" / "metrics.py"
+    metrics.write_text(metrics.read_text().replace("dpgate_gateway_added_latency_seconds", "dpgate_renamed_seconds"))
+    out = tmp_path / "overhead.json"
+    sizes = ["--no-envoy", "--repeats", "1", "--calls", "20", "--duration", "0.3", "--concurrency", "4"]
+    command = [sys.executable, str(ROOT / "bench/gateway_overhead.py"), *sizes, "--baseline", str(baseline)]
+    result = subprocess.run([*command, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    ours, theirs = json.loads(out.read_text())["results"]["targets"][2:]
+    assert [ours["role"], theirs["role"]] == ["dpgate", "baseline"]
+    own = {target["role"]: target["scenarios"][0]["own_added_p50_ms"] for target in (ours, theirs)}
+    assert own["dpgate"] is not None and own["baseline"] is None
+
+
 def test_the_gateway_bench_reads_quantiles_off_a_histogram_as_prometheus_does() -> None:
     from gateway_overhead import histogram_quantile
 
