@@ -20,6 +20,7 @@ import time
 import grpc
 from prometheus_client import Counter, Histogram
 
+from dpgate.logs import lone_batched_handler
 from dpgate.request_id import resolve_request_id
 from gateway.call_headers import CallHeaders, request_id_field
 from gateway.config import GatewayConfig
@@ -239,17 +240,25 @@ class Forwarder:
     ) -> None:
         """The call's access line: rpc, final code, serving rank, duration and its x-request-id.
 
-        The record is made and handed to the handlers directly (what `Logger.info` does, without
-        walking the stack for the caller's file and line, which no format shows): one line per
-        call is the gateway's most frequent work after relaying (issue 27)."""
+        One line per call is the gateway's most frequent work after relaying (issue 27): where
+        the line goes to the gateway's batched stderr handler alone (the usual case), its text is
+        written straight there, without a LogRecord (dpgate.logs.lone_batched_handler); anywhere
+        else the record is made and handed to the handlers directly (what `Logger.info` does,
+        without walking the stack for the caller's file and line, which no format shows)."""
         if not self.config.access_log or not access_logger.isEnabledFor(logging.INFO):
             return
         duration_ms = round(((time.perf_counter() if end is None else end) - start) * 1000, 3)
-        served = "" if rank is None else f" by rank {rank}"
         code_name = code.name  # (an enum member's name is a property: read it once)
-        fields = {"request_id": request_id, "rpc": rpc, "code": code_name, "duration_ms": duration_ms}
+        fields: dict[str, object] = {"request_id": request_id, "rpc": rpc, "code": code_name}
+        fields["duration_ms"] = duration_ms
         if rank is not None:
             fields["data_parallel_rank"] = rank
+        served = "" if rank is None else f" by rank {rank}"
+        handler = lone_batched_handler(access_logger, logging.INFO)
+        if handler is not None:
+            message = f"{rpc} {code_name}{served} in {duration_ms:.1f} ms"
+            handler.emit_fields(time.time(), "INFO", access_logger.name, message, fields)
+            return
         record = access_logger.makeRecord(
             access_logger.name, logging.INFO, __file__, 0, "%s %s%s in %.1f ms",
             (rpc, code_name, served, duration_ms), None, "log_call", fields,

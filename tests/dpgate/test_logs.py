@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import io
 import json
@@ -12,7 +13,14 @@ import sys
 
 import pytest
 
-from dpgate.logs import BatchedStreamHandler, JsonFormatter, PlainFormatter, configure_logging, request_id_var
+from dpgate.logs import (
+    BatchedStreamHandler,
+    JsonFormatter,
+    PlainFormatter,
+    configure_logging,
+    lone_batched_handler,
+    request_id_var,
+)
 
 
 def record(message: str = "hello %s", *args, **extra) -> logging.LogRecord:
@@ -128,3 +136,106 @@ def test_batched_lines_on_a_loop_leave_in_one_write_at_the_end_of_the_iteration_
     assert stream.getvalue().endswith("off the loop 4\n")
     handler.handle(record("after the loop %s", 6))  # still written at once, the waiting line first
     assert stream.getvalue().endswith("off the loop 4\nlast on the loop 5\nafter the loop 6\n")
+
+
+@pytest.mark.parametrize("formatter_type", [PlainFormatter, JsonFormatter])
+@pytest.mark.parametrize("fields", [
+    {"request_id": "r-9", "rpc": "Generate", "code": "OK", "duration_ms": 1.234, "data_parallel_rank": 1},
+    {"rpc": "GenerateStream", "code": "UNAVAILABLE", "duration_ms": 0.5},
+    {},
+])  # fmt: skip
+@pytest.mark.parametrize("context_id", [None, "from-context"])
+def test_a_line_formatted_from_its_parts_is_the_records_line(formatter_type, fields, context_id):
+    token = request_id_var.set(context_id)
+    try:
+        for created in (1_700_000_000.0, 1_700_000_000.999, 1_700_000_001.5, 1_700_000_000.25):
+            made = logging.LogRecord("dpgate.gateway.access", logging.INFO, "f", 1, "%s in %.1f ms", ("x", 2.25), None)
+            made.__dict__.update(fields)
+            made.created, made.msecs = created, int((created - int(created)) * 1000)
+            formatter = formatter_type()
+            parts = formatter.format_line(created, "INFO", "dpgate.gateway.access", "x in 2.2 ms", fields)
+            assert parts == formatter.format(made)
+    finally:
+        request_id_var.reset(token)
+
+
+@contextlib.contextmanager
+def only_a_batched_handler():
+    """The root's handlers as configure_logging(batch_writes=True) leaves them, restored after. (Inside
+    the test: pytest adds its capture handlers to the root around each test's call.)"""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    handler = BatchedStreamHandler(io.StringIO())
+    handler.setFormatter(PlainFormatter())
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        root.handlers[:], level = saved
+        root.setLevel(level)
+
+
+def test_the_lone_batched_handler_is_found_only_where_a_record_would_reach_it_alone():
+    with only_a_batched_handler() as lone_handler:
+        check_where_the_lone_handler_is_found(lone_handler)
+
+
+def check_where_the_lone_handler_is_found(lone_handler: BatchedStreamHandler) -> None:
+    logger = logging.getLogger("dpgate.test.lone")
+    assert lone_batched_handler(logger, logging.INFO) is lone_handler
+    assert lone_batched_handler(logger, logging.DEBUG) is None  # the record is off
+
+    second = logging.StreamHandler(io.StringIO())
+    logger.addHandler(second)  # what a test's capture handler does
+    assert lone_batched_handler(logger, logging.INFO) is None
+    logger.removeHandler(second)
+
+    class DropAll(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return False
+
+    for filtered in (logger, logging.getLogger("dpgate.test"), lone_handler):
+        dropping = DropAll()
+        filtered.addFilter(dropping)
+        assert lone_batched_handler(logger, logging.INFO) is None
+        filtered.removeFilter(dropping)
+
+    lone_handler.setLevel(logging.WARNING)
+    assert lone_batched_handler(logger, logging.INFO) is None
+    lone_handler.setLevel(logging.NOTSET)
+
+    errors_only = logging.StreamHandler(io.StringIO())
+    errors_only.setLevel(logging.ERROR)  # a handler logging skips for an INFO record
+    logger.addHandler(errors_only)
+    assert lone_batched_handler(logger, logging.INFO) is lone_handler
+    assert lone_batched_handler(logger, logging.ERROR) is None
+    logger.removeHandler(errors_only)
+
+    lone_handler.setFormatter(logging.Formatter("%(message)s"))  # a format this module did not make
+    assert lone_batched_handler(logger, logging.INFO) is None
+    lone_handler.setFormatter(JsonFormatter())
+    assert lone_batched_handler(logger, logging.INFO) is lone_handler
+
+    logger.propagate = False  # the records stop at a logger without handlers: logging's last resort
+    try:
+        assert lone_batched_handler(logger, logging.INFO) is None
+    finally:
+        logger.propagate = True
+    assert lone_batched_handler(logger, logging.INFO) is lone_handler
+
+
+def test_a_line_emitted_from_its_parts_waits_for_the_iteration_like_a_records():
+    lone_handler = BatchedStreamHandler(io.StringIO())
+    lone_handler.setFormatter(PlainFormatter())
+
+    async def log_both() -> None:
+        lone_handler.emit_fields(1_700_000_000.5, "INFO", "dpgate.test", "from parts", {"request_id": "p-1"})
+        lone_handler.handle(record("from a %s", "record"))
+        assert lone_handler.stream.getvalue() == ""
+        await asyncio.sleep(0)
+
+    asyncio.run(log_both())
+    first, second = lone_handler.stream.getvalue().splitlines()
+    assert first.endswith(" INFO dpgate.test: from parts request_id=p-1")
+    assert second.endswith(" WARNING dpgate.test: from a record")
