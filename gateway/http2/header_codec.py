@@ -23,6 +23,8 @@ _STATIC_LENGTH = len(_STATIC_TABLE)
 _ENTRY_OVERHEAD = 32  # RFC 7541 section 4.1: an entry's size is its name, its value and 32
 _STATIC_SIZES = tuple(len(name) + len(value) + _ENTRY_OVERHEAD for name, value in _STATIC_TABLE)
 _LITERAL_NEW_NAME = (0x00, 0x10)  # literal without indexing / never indexed, name as a string
+_MAX_REMEMBERED_BLOCK = 256  # bytes: a gRPC call's blocks are 8 to 100
+_MAX_REMEMBERED_BLOCKS = 16
 
 
 class Decoder(hpack.Decoder):
@@ -36,21 +38,43 @@ class Decoder(hpack.Decoder):
     per unary call. Neither kind of field changes the dynamic table, so the short path reads
     them without touching decoder state, enforces the same header list limit, and hands any
     other block (Huffman strings, indexing literals, size updates, any error) to the general
-    decoder, which decodes it from the start and raises its own errors.
+    decoder, which decodes it from the start and raises its own errors. A plain block seen before
+    (since the general decoder last ran) is not even read again: see `_plain_blocks`.
     """
+
+    def __init__(self, max_header_list_size: int = hpack.hpack.DEFAULT_MAX_HEADER_LIST_SIZE) -> None:
+        super().__init__(max_header_list_size)
+        # Plain blocks decoded since the dynamic table last changed, by their bytes, with their
+        # header list size: a gRPC peer sends the same few blocks on every call (a request's, a
+        # response's, the trailers), and the fields a plain block stands for change only when
+        # the table does, which only the general decoder changes. Small blocks only, and a few:
+        # a peer sending new ones each time costs a lookup a block, never memory.
+        self._plain_blocks: dict[bytes, tuple[list[tuple[bytes, bytes]], int]] = {}
 
     def decode(self, data: bytes, raw: bool = False) -> list[tuple[bytes, bytes]]:
         if raw and self.header_table_size <= self.max_allowed_table_size:
-            headers = self._decode_plain(data)
-            if headers is not None:
-                return headers
+            plain = self._plain_blocks.get(data)
+            if plain is None:
+                plain = self._decode_plain(data)
+                if plain is not None and len(data) <= _MAX_REMEMBERED_BLOCK:
+                    if len(self._plain_blocks) >= _MAX_REMEMBERED_BLOCKS:
+                        self._plain_blocks.clear()
+                    self._plain_blocks[data] = plain
+            if plain is not None:
+                headers, size = plain
+                if size > self.max_header_list_size:
+                    limit = self.max_header_list_size
+                    raise OversizedHeaderListError(f"A header list larger than {limit} has been received")
+                return headers.copy()  # (the caller's to keep)
+        self._plain_blocks.clear()  # whatever the block does to the dynamic table
         return super().decode(data, raw)
 
-    def _decode_plain(self, data: bytes) -> list[tuple[bytes, bytes]] | None:
-        """The fields, if the block is only one-byte indexes and plain unindexed literals; else None.
+    def _decode_plain(self, data: bytes) -> tuple[list[tuple[bytes, bytes]], int] | None:
+        """The fields and the header list's size, if the block is only one-byte indexes and plain
+        unindexed literals; else None.
 
-        The header list limit is checked once the block is read: a block that is not plain
-        after all goes to the general decoder, which finds the same excess at the same field."""
+        The caller checks the header list limit: a block that is not plain after all goes to the
+        general decoder, which finds the same excess at the same field."""
         dynamic = self.header_table.dynamic_entries
         table_length = _STATIC_LENGTH + len(dynamic)
         headers: list[tuple[bytes, bytes]] = []
@@ -82,9 +106,7 @@ class Decoder(hpack.Decoder):
                 return None
             size += len(field[0]) + len(field[1]) + _ENTRY_OVERHEAD
             append(field)
-        if size > self.max_header_list_size:
-            raise OversizedHeaderListError(f"A header list larger than {self.max_header_list_size} has been received")
-        return headers
+        return headers, size
 
 
 def _plain_string(data: bytes, position: int) -> tuple[bytes | None, int]:

@@ -114,3 +114,45 @@ def test_lengths_around_the_one_byte_prefix_decode_like_hpack(length):
     value = b"x" * (length - 1) + b"\x82"  # a last byte that would also read as an index
     block = encode_literal(b"x-long", value)  # without indexing, no Huffman: the short path's kind
     assert fast.decode(block, raw=True) == general.decode(block, raw=True) == [(b"x-long", value)]
+
+
+def test_repeated_blocks_decode_like_hpack_while_the_table_changes_under_them():
+    """Blocks repeat (the remembered plain ones are looked up, not read) while new values are
+    indexed into a small table that evicts old ones, so a repeated block's indexes come to mean
+    other fields: each decode must still equal the general decoder's."""
+    encoder, fast, general = hpack.Encoder(), Decoder(), hpack.Decoder()
+    for codec in (encoder, fast, general):
+        codec.header_table_size = 512  # FIELDS (409 bytes) and two or three x-values
+    rng = random.Random(5)
+    seen: list[bytes] = []
+    remembered = 0
+    for _ in range(3000):
+        if seen and rng.random() < 0.6:
+            block = rng.choice(seen)  # a block sent before, decoded against today's table
+        else:
+            fields = rng.sample(FIELDS, rng.randint(1, len(FIELDS)))
+            if rng.random() < 0.1:
+                fields.append((b"x-value", str(rng.randrange(50)).encode()))  # indexed: the table changes
+            block = encoder.encode(fields)
+            seen = [*seen, block][-12:]
+        remembered += block in fast._plain_blocks
+        try:
+            expected = general.decode(block, raw=True)
+        except hpack.HPACKError as error:
+            with pytest.raises(type(error)):
+                fast.decode(block, raw=True)
+        else:
+            assert fast.decode(block, raw=True) == expected
+        assert list(fast.header_table.dynamic_entries) == list(general.header_table.dynamic_entries)
+    assert remembered > 300  # the comparison covers remembered blocks, not only fresh ones
+
+
+def test_a_remembered_block_still_meets_the_header_list_limit_and_is_the_callers_to_keep():
+    encoder, fast, _ = warmed_pair()
+    block = encoder.encode(FIELDS)
+    first = fast.decode(block, raw=True)
+    first.append((b"x-added", b"by the caller"))
+    assert fast.decode(block, raw=True) == FIELDS  # remembered, and not changed by the caller
+    fast.max_header_list_size = sum(len(name) + len(value) + 32 for name, value in FIELDS) - 1
+    with pytest.raises(hpack.OversizedHeaderListError):
+        fast.decode(block, raw=True)
