@@ -22,6 +22,7 @@ NO_ERROR to a connection that has had no open stream for that long).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import ssl
@@ -311,5 +312,7 @@ async def listen(opener: CallOpener, config: GatewayConfig, connections: set[Cli
     )
 
 
+@functools.lru_cache(maxsize=256)
 def rank_trailer(rank: int) -> bytes:
+    """The `x-data-parallel-rank` field a relayed call ends with (one per rank: encoded once)."""
     return encode_literal(b"x-data-parallel-rank", str(rank).encode())

@@ -57,9 +57,13 @@ def decode_message(value: bytes) -> str:
     return urllib.parse.unquote(value.decode("ascii", "replace"))
 
 
+# Each code's `grpc-status` field, encoded once: every call ends with one.
+_STATUS_FIELDS = {code: encode_literal(b"grpc-status", str(code.value[0]).encode()) for code in grpc.StatusCode}
+
+
 def status_trailers(code: grpc.StatusCode, message: str = "", extra: bytes = b"") -> bytes:
     """The header block ending a call: grpc-status, grpc-message when set, and `extra` fields."""
-    block = encode_literal(b"grpc-status", str(code.value[0]).encode())
+    block = _STATUS_FIELDS[code]
     if message:
         block += encode_literal(b"grpc-message", encode_message(message))
     return block + extra
