@@ -29,6 +29,7 @@ import datetime
 import json
 import logging
 import sys
+import threading
 import time
 from contextvars import ContextVar
 
@@ -140,7 +141,9 @@ class BatchedStreamHandler(logging.StreamHandler):
     def __init__(self, stream=None) -> None:
         super().__init__(stream)
         self._waiting: list[str] = []
-        self._flush_scheduled = False
+        self._flush_loop: asyncio.AbstractEventLoop | None = None  # where a flush waits to run
+        self._loop_seen: asyncio.AbstractEventLoop | None = None  # the last loop a line came from,
+        self._loop_thread = 0  # on this thread
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -160,21 +163,33 @@ class BatchedStreamHandler(logging.StreamHandler):
         self.emit_line(formatter.format_line(created, level_name, logger_name, message, fields))
 
     def emit_line(self, line: str) -> None:
-        """Write a formatted line (without its terminator) as `emit` writes a record's."""
-        self._waiting.append(line + self.terminator)
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # not on a loop's thread (or its loop has stopped): write now
-            self.flush()
-            return
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush_from_loop)
+        """Write a formatted line (without its terminator) as `emit` writes a record's.
 
-    def _flush_from_loop(self) -> None:
+        The loop last seen is reused while it runs on this thread (one loop runs on a thread at a
+        time): `asyncio.get_running_loop()` makes a `getpid` system call on Python 3.11, and was
+        one per access line."""
         self.acquire()
         try:
-            self._flush_scheduled = False
+            self._waiting.append(line + self.terminator)
+            loop = self._loop_seen
+            if loop is None or self._loop_thread != threading.get_ident() or not loop.is_running():
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:  # not on a loop's thread (or its loop has stopped): write now
+                    self._write_waiting()
+                    return
+                self._loop_seen, self._loop_thread = loop, threading.get_ident()
+            if loop is not self._flush_loop:  # none is scheduled, or on a loop that stopped before it ran
+                self._flush_loop = loop
+                loop.call_soon(self._flush_from_loop, loop)
+        finally:
+            self.release()
+
+    def _flush_from_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.acquire()
+        try:
+            if self._flush_loop is loop:
+                self._flush_loop = None
             self._write_waiting()
         finally:
             self.release()

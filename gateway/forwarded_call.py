@@ -126,6 +126,7 @@ class ForwardedCall:
         "_headers",
         "_is_answered",
         "_is_done",
+        "_loop",
         "_num_sent",
         "_opened_at",
         "_peer",
@@ -193,7 +194,7 @@ class ForwardedCall:
         self._is_answered = False
         self._ttft_pending = streaming
         self._task: asyncio.Future | None = None
-        loop = asyncio.get_running_loop()
+        self._loop = loop = call.loop
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None
         if headers.timeout is not None:
@@ -315,7 +316,7 @@ class ForwardedCall:
     def _open(self, connection: UpstreamConnection) -> None:
         timeout = None
         if self._deadline is not None:
-            timeout = max(0.0, self._deadline - asyncio.get_running_loop().time())
+            timeout = max(0.0, self._deadline - self._loop.time())
         assert self._engine is not None
         extra = self._headers.passed + self._headers.tenant_field + self._request_id_field
         block = self._engine.link.request_headers(self._headers.path, timeout, extra)
@@ -523,7 +524,7 @@ class ForwardedCall:
             metadata = ((REQUEST_ID_KEY.decode(), self._request_id),)
             timeout = None
             if self._deadline is not None:
-                timeout = max(0.0, self._deadline - asyncio.get_running_loop().time())
+                timeout = max(0.0, self._deadline - self._loop.time())
             results = await asyncio.gather(
                 *(engine.abort(request, timeout=timeout, metadata=metadata) for engine in engines),
                 return_exceptions=True,

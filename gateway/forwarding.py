@@ -91,6 +91,7 @@ class Forwarder:
         self._added: dict[str, Histogram] = {}  # dpgate_gateway_added_latency_seconds, by rpc
         # Calls ended in this loop iteration, accounted for at its end (see call_ended).
         self._ended: list[tuple[str, grpc.StatusCode, int | None, float, float, str]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop calls end on, once seen
         if config.max_in_flight is not None:
             self._full_message = f"gateway is at its limit of {config.max_in_flight} calls in flight"
 
@@ -210,7 +211,10 @@ class Forwarder:
         delaying the answer (issue 27). The end time is taken now. `added_from`: see CallHost.
         """
         if not self._ended:
-            asyncio.get_running_loop().call_soon(self._account_ended)
+            loop = self._loop
+            if loop is None or not loop.is_running():  # (get_running_loop makes a system call)
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._account_ended)
         self._ended.append((rpc, code, rank, start, time.perf_counter(), request_id, added_from))
 
     def _account_ended(self) -> None:

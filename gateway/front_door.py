@@ -83,6 +83,11 @@ class ServerCall(Stream):
         """The client's address (the per-peer limits count calls by it)."""
         return self.connection.peer
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the call's connection runs on (the call's timers go there)."""
+        return self.connection.loop
+
     def on_headers(self, headers: Headers, end_stream: bool) -> None:
         # Request trailers: gRPC clients send none, but they would end the request.
         if end_stream and self.handler is not None:

@@ -46,6 +46,12 @@ class Http2Sender:
         self._is_table_size_set = False
         self.idle_since = self._loop.time()  # when the last stream closed (meaningful while `streams` is empty)
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the connection runs on. (Cheaper for a call than `asyncio.get_running_loop()`,
+        which on Python 3.11 makes a `getpid` system call each time to notice a fork.)"""
+        return self._loop
+
     def write(self, data: bytes) -> None:
         """Queue bytes; everything queued in one loop iteration leaves in one write."""
         self._out.append(data)

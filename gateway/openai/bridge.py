@@ -50,7 +50,7 @@ class EngineCall:
     """
 
     __slots__ = (
-        "_buffer", "_queue", "_status", "handler", "headers", "is_finished", "is_response_started", "peer",
+        "_buffer", "_queue", "_status", "handler", "headers", "is_finished", "is_response_started", "loop", "peer",
         "received_at",
     )  # fmt: skip
 
@@ -61,6 +61,7 @@ class EngineCall:
         self.is_response_started = False
         self.is_finished = False
         self.received_at = 0.0  # time.perf_counter() when the request message was handed over (`start`)
+        self.loop = asyncio.get_running_loop()  # the loop the call's timers go to
         self._buffer = b""
         self._queue: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
         self._status: ResponseStatus | None = None

@@ -137,6 +137,21 @@ def test_batched_lines_on_a_loop_leave_in_one_write_at_the_end_of_the_iteration_
     handler.handle(record("after the loop %s", 6))  # still written at once, the waiting line first
     assert stream.getvalue().endswith("off the loop 4\nlast on the loop 5\nafter the loop 6\n")
 
+    async def log_on_a_new_loop() -> None:
+        handler.handle(record("stranded on %s", "a stopped loop"))
+        loop.stop()  # its flush never runs: the next loop on this thread must schedule its own
+
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(log_on_a_new_loop())
+    loop.close()
+
+    async def log_on_the_next_loop() -> None:
+        handler.handle(record("on the next %s", "loop"))
+        await asyncio.sleep(0)
+        assert stream.getvalue().endswith("stranded on a stopped loop\non the next loop\n")
+
+    asyncio.run(log_on_the_next_loop())
+
 
 @pytest.mark.parametrize("formatter_type", [PlainFormatter, JsonFormatter])
 @pytest.mark.parametrize("fields", [
