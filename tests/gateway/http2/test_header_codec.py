@@ -29,6 +29,17 @@ def warmed_pair() -> tuple[hpack.Encoder, Decoder, hpack.Decoder]:
     return encoder, fast, general
 
 
+def assert_decodes_like_hpack(fast: Decoder, general: hpack.Decoder, block: bytes) -> None:
+    """`fast` decodes `block` to what `general` (hpack's own decoder) does, or raises the same error type."""
+    try:
+        expected = general.decode(block, raw=True)
+    except hpack.HPACKError as error:
+        with pytest.raises(type(error)):
+            fast.decode(block, raw=True)
+    else:
+        assert fast.decode(block, raw=True) == expected
+
+
 def test_a_repeated_block_is_one_byte_indexes_and_decodes_like_hpack():
     encoder, fast, general = warmed_pair()
     block = encoder.encode(FIELDS)
@@ -43,13 +54,7 @@ def test_random_index_blocks_decode_like_hpack_or_fail_like_it():
         block = bytes(
             rng.choice([rng.randint(0x80, 0xFF), rng.randint(0x81, 0x81 + 61 + 8)]) for _ in range(rng.randint(0, 12))
         )
-        try:
-            expected = general.decode(block, raw=True)
-        except hpack.HPACKError as error:
-            with pytest.raises(type(error)):
-                fast.decode(block, raw=True)
-        else:
-            assert fast.decode(block, raw=True) == expected
+        assert_decodes_like_hpack(fast, general, block)
 
 
 def random_representation(rng: random.Random) -> bytes:
@@ -81,13 +86,7 @@ def test_random_blocks_of_indexes_and_literals_decode_like_hpack_or_fail_like_it
     for _ in range(5000):
         block = b"".join(random_representation(rng) for _ in range(rng.randint(0, 6)))
         fast_paths += fast._decode_plain(block) is not None
-        try:
-            expected = general.decode(block, raw=True)
-        except hpack.HPACKError as error:
-            with pytest.raises(type(error)):
-                fast.decode(block, raw=True)
-        else:
-            assert fast.decode(block, raw=True) == expected
+        assert_decodes_like_hpack(fast, general, block)
         assert list(fast.header_table.dynamic_entries) == list(general.header_table.dynamic_entries)
     assert fast_paths > 1000  # the comparison covers the short path, not only the fallback
 
@@ -136,13 +135,7 @@ def test_repeated_blocks_decode_like_hpack_while_the_table_changes_under_them():
             block = encoder.encode(fields)
             seen = [*seen, block][-12:]
         remembered += block in fast._plain_blocks
-        try:
-            expected = general.decode(block, raw=True)
-        except hpack.HPACKError as error:
-            with pytest.raises(type(error)):
-                fast.decode(block, raw=True)
-        else:
-            assert fast.decode(block, raw=True) == expected
+        assert_decodes_like_hpack(fast, general, block)
         assert list(fast.header_table.dynamic_entries) == list(general.header_table.dynamic_entries)
     assert remembered > 300  # the comparison covers remembered blocks, not only fresh ones
 
