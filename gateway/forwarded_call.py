@@ -205,7 +205,7 @@ class ForwardedCall:
         forwarder.in_flight_by_peer[self._peer] = forwarder.in_flight_by_peer.get(self._peer, 0) + 1
         self._body_timer: asyncio.TimerHandle | None = None
         if not end_stream:  # a headers-only stream must not hold its slot for ever
-            self._body_timer = loop.call_later(forwarder.config.request_body_timeout_s, self._body_late)
+            call.connection.after_read(self._await_body)
         forwarder.calls.add(self)
         call.handler = self
         if end_stream:
@@ -223,6 +223,11 @@ class ForwardedCall:
                 return
         if end_stream:
             self._request_complete()
+
+    def _await_body(self) -> None:
+        """Arm the request-body timer, unless the body came in the read that brought the headers."""
+        if not self._is_done and not self._call.is_remote_closed:
+            self._body_timer = self._loop.call_later(self._forwarder.config.request_body_timeout_s, self._body_late)
 
     def _body_late(self) -> None:
         self._body_timer = None

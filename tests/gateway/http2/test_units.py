@@ -210,6 +210,40 @@ def test_header_blocks_larger_than_a_frame_use_continuation():
     asyncio.run(run())
 
 
+def test_after_read_runs_once_the_whole_read_is_handled():
+    """A stream opened by HEADERS sees, in an after_read callback, whether the DATA that ended it
+    came in the same read (then no request-body timer is needed) or has yet to come."""
+
+    class BodyWatchingServer(Server):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body_seen: list[bool] = []
+
+        def on_new_stream(self, stream_id, headers, end_stream):
+            super().on_new_stream(stream_id, headers, end_stream)
+            stream = self.opened[-1]
+            self.after_read(lambda: self.body_seen.append(stream.is_remote_closed))
+
+    async def run() -> None:
+        client, server = await wired(BodyWatchingServer)
+        for stream_id, body_in_same_write in ((1, True), (3, False)):
+            stream = Recorder(client)
+            client.add_stream(stream, stream_id)
+            client.send_headers(stream, request_block(b"/x"))
+            if body_in_same_write:
+                client.send_data(stream, b"body", end_stream=True)
+            await settle()  # (one loop iteration's frames leave in one write, read in one data_received)
+            if not body_in_same_write:
+                client.send_data(stream, b"body", end_stream=True)
+                await settle()
+        assert server.body_seen == [True, False]
+        outside = []
+        server.after_read(lambda: outside.append("ran"))  # no read being handled: at once
+        assert outside == ["ran"]
+
+    asyncio.run(run())
+
+
 def test_manual_credit_returns_window_only_when_released():
     class ManualServer(Server):
         stream_type = ManualCreditRecorder
