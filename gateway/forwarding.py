@@ -18,7 +18,6 @@ import logging
 import time
 
 import grpc
-from prometheus_client import Counter, Histogram
 
 from dpgate.logs import lone_batched_handler
 from dpgate.request_id import resolve_request_id
@@ -31,6 +30,7 @@ from gateway.forwarded_call import ForwardedCall
 from gateway.front_door import ServerCall
 from gateway.grpc_wire import status_trailers
 from gateway.health_state import Blame, CallEvent
+from gateway.loop_metrics import CounterValue, HistogramValue
 from gateway.metadata import RANK_KEY, parse_data_parallel_rank
 from gateway.metrics import GatewayMetrics
 from gateway.pass_through import PassThroughCall
@@ -85,10 +85,10 @@ class Forwarder:
         self._rejected_metadata = metrics.rejected_metadata.labels(key=RANK_KEY)
         for rpc, _ in DPGATE_METHODS.values():  # at 0 from the start (see gateway/metrics.py)
             metrics.retries.labels(rpc=rpc)
-        self._routed: dict[int, Counter] = {}
-        self._requests: dict[tuple[str, grpc.StatusCode], Counter] = {}
-        self._durations: dict[str, Histogram] = {}
-        self._added: dict[str, Histogram] = {}  # dpgate_gateway_added_latency_seconds, by rpc
+        self._routed: dict[int, CounterValue] = {}
+        self._requests: dict[tuple[str, grpc.StatusCode], CounterValue] = {}
+        self._durations: dict[str, HistogramValue] = {}
+        self._added: dict[str, HistogramValue] = {}  # dpgate_gateway_added_latency_seconds, by rpc
         # Calls ended in this loop iteration, accounted for at its end (see call_ended).
         self._ended: list[tuple[str, grpc.StatusCode, int | None, float, float, str]] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop calls end on, once seen

@@ -1,7 +1,9 @@
 """The gateway's Prometheus metrics (`dpgate_gateway_*`), in a registry of their own.
 
 A registry per gateway (rather than the global default) lets tests run several gateways in one
-process and keeps the names this module declares the only ones the endpoint shows. Labelled
+process and keeps the names this module declares the only ones the endpoint shows. The series
+every call updates are `loop_metrics` families (no lock an update: only the event loop writes
+them); the rest are prometheus_client's. Labelled
 families whose label values are known in advance start at 0 for each (`retries` per rpc by the
 forwarder, `engines_refused` per reason here): a series that appears only at its first event
 makes `rate()` miss that event and leaves dashboards and alerts without data to show.
@@ -17,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gateway.handshake import RefusalReason
 from gateway.health_state import CircuitState
+from gateway.loop_metrics import CounterValue, LoopCounter, LoopHistogram
 
 # Seconds; LLM calls run from milliseconds (rejections, cached prompts) to minutes.
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -34,7 +37,7 @@ class GatewayMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
+        self.requests = LoopCounter(
             "dpgate_gateway_requests",
             "Calls served, by rpc and final status code.",
             ["rpc", "code"],
@@ -46,26 +49,26 @@ class GatewayMetrics:
             ["key"],
             registry=r,
         )
-        self.routed = Counter(
+        self.routed = LoopCounter(
             "dpgate_gateway_routed_requests",
             "Calls forwarded, by serving data parallel rank.",
             ["rank"],
             registry=r,
         )
-        self.routed_by_reason = Counter(
+        self.routed_by_reason = LoopCounter(
             "dpgate_gateway_routed_by_reason",
             "Unpinned calls by why the policy chose the engine: cache (it holds part of the prompt and "
             "won on cost), load (no cached block decided it), balance (the guard spilled a hot prefix).",
             ["reason"],
             registry=r,
         )
-        self.hashed_prompt_tokens = Counter(
+        self.hashed_prompt_tokens = LoopCounter(
             "dpgate_gateway_hashed_prompt_tokens",
             "Prompt tokens of calls routed with their prompt hashed, by the rank chosen.",
             ["rank"],
             registry=r,
         )
-        self.predicted_cached_tokens = Counter(
+        self.predicted_cached_tokens = LoopCounter(
             "dpgate_gateway_predicted_cached_tokens",
             "Of those, tokens the chosen engine's prefix cache held when the call was routed; beside the "
             "engine's dpgate_prefix_cache_hits_total (its reported cached tokens) it shows how exact routing is.",
@@ -78,26 +81,27 @@ class GatewayMetrics:
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
             registry=r,
         )
-        self.retries = Counter(
+        self.retries = LoopCounter(
             "dpgate_gateway_retries",
             "Calls retried on another engine before the first token.",
             ["rpc"],
             registry=r,
         )
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "dpgate_gateway_time_to_first_token_seconds",
             "Time from call start to the first token relayed (streams).",
+            [],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.duration = Histogram(
+        self.duration = LoopHistogram(
             "dpgate_gateway_request_duration_seconds",
             "Time from call start to its end, by rpc.",
             ["rpc"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        self.added_latency = Histogram(
+        self.added_latency = LoopHistogram(
             "dpgate_gateway_added_latency_seconds",
             "What the gateway added to a call, by rpc: from reading the request to its end, less the engine's "
             "part (from the request queued upstream to the engine's end read back).",
@@ -127,9 +131,10 @@ class GatewayMetrics:
 
         for reason in RefusalReason:
             self.engines_refused.labels(reason=reason.value)
-        # Each unpinned call counts its reason: the child is looked up once (labels() takes a lock
-        # and builds a key each time; issue 27 measured the gateway's path per call).
-        self._routed_by_reason: dict[str, Counter] = {}
+        # Each unpinned call counts its reason (and, hashed, its tokens by rank): children are
+        # looked up once, not by labels() a call (issue 27 measured the gateway's path per call).
+        self._routed_by_reason: dict[str, CounterValue] = {}
+        self._prompt_tokens_by_rank: dict[int, tuple[CounterValue, CounterValue]] = {}
 
     def record_route(self, reason: str, rank: int, prompt_tokens: int, cached_tokens: int) -> None:
         counter = self._routed_by_reason.get(reason)
@@ -137,8 +142,14 @@ class GatewayMetrics:
             counter = self._routed_by_reason[reason] = self.routed_by_reason.labels(reason=reason)
         counter.inc()
         if prompt_tokens:
-            self.hashed_prompt_tokens.labels(rank=str(rank)).inc(prompt_tokens)
-            self.predicted_cached_tokens.labels(rank=str(rank)).inc(cached_tokens)
+            counters = self._prompt_tokens_by_rank.get(rank)
+            if counters is None:
+                counters = self._prompt_tokens_by_rank[rank] = (
+                    self.hashed_prompt_tokens.labels(rank=str(rank)),
+                    self.predicted_cached_tokens.labels(rank=str(rank)),
+                )
+            counters[0].inc(prompt_tokens)
+            counters[1].inc(cached_tokens)
 
     def watch_kv_index(self, sizes_by_engine: Callable[[], Iterable[tuple[int, str, int, int]]]) -> None:
         """Export `dpgate_gateway_kv_index_blocks{rank,address}` and
