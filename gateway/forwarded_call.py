@@ -410,7 +410,7 @@ class ForwardedCall:
         engine = self._release_engine()
         if engine is None:
             return
-        self._forwarder.record_outcome(engine, status.code.name)
+        self._forwarder.record_outcome(engine, "OK")
         trailer = status.details_field + rank_trailer(engine.rank or 0) + status.metadata
         self._finish(grpc.StatusCode.OK, status.message, trailer)
 

@@ -86,7 +86,7 @@ class Forwarder:
         for rpc, _ in DPGATE_METHODS.values():  # at 0 from the start (see gateway/metrics.py)
             metrics.retries.labels(rpc=rpc)
         self._routed: dict[int, CounterValue] = {}
-        self._requests: dict[tuple[str, grpc.StatusCode], CounterValue] = {}
+        self._requests: dict[tuple[str, str], CounterValue] = {}  # by rpc and code name
         self._durations: dict[str, HistogramValue] = {}
         self._added: dict[str, HistogramValue] = {}  # dpgate_gateway_added_latency_seconds, by rpc
         # Calls ended in this loop iteration, accounted for at its end (see call_ended).
@@ -191,7 +191,7 @@ class Forwarder:
             reason = getattr(self._policy, "last_reason", None)  # only cache-aware tells why
             cached = prompt.cached_tokens.get(view.address, 0) if prompt is not None else 0
             num_tokens = prompt.num_prompt_tokens if prompt is not None else 0
-            self.metrics.record_route(reason.value if reason is not None else "load", view.rank, num_tokens, cached)
+            self.metrics.record_route(reason._value_ if reason is not None else "load", view.rank, num_tokens, cached)
         return pool.by_address[view.address]
 
     def call_ended(
@@ -229,10 +229,12 @@ class Forwarder:
             self.log_call(rpc, code, rank, start, request_id, end)
 
     def record(self, rpc: str, code: grpc.StatusCode, start: float, end: float | None = None) -> None:
-        key = (rpc, code)
+        # (`_name_`: Enum's plain attribute for the name; `name` is a property and an Enum member's
+        # hash is Enum.__hash__, Python calls a unary call made several of: issue 27.)
+        key = (rpc, code._name_)
         counter = self._requests.get(key)
         if counter is None:
-            counter = self._requests[key] = self.metrics.requests.labels(rpc=rpc, code=code.name)
+            counter = self._requests[key] = self.metrics.requests.labels(rpc=rpc, code=code._name_)
         counter.inc()
         duration = self._durations.get(rpc)
         if duration is None:
@@ -252,7 +254,7 @@ class Forwarder:
         if not self.config.access_log or not access_logger.isEnabledFor(logging.INFO):
             return
         duration_ms = round(((time.perf_counter() if end is None else end) - start) * 1000, 3)
-        code_name = code.name  # (an enum member's name is a property: read it once)
+        code_name = code._name_  # (see record)
         fields: dict[str, object] = {"request_id": request_id, "rpc": rpc, "code": code_name}
         fields["duration_ms"] = duration_ms
         if rank is not None:

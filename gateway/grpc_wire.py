@@ -54,16 +54,18 @@ def encode_message(text: str) -> bytes:
 
 
 def decode_message(value: bytes) -> str:
-    return urllib.parse.unquote(value.decode("ascii", "replace"))
+    text = value.decode("ascii", "replace")
+    return urllib.parse.unquote(text) if "%" in text else text  # (an engine's OK sends it empty)
 
 
-# Each code's `grpc-status` field, encoded once: every call ends with one.
-_STATUS_FIELDS = {code: encode_literal(b"grpc-status", str(code.value[0]).encode()) for code in grpc.StatusCode}
+# Each code's `grpc-status` field, encoded once: every call ends with one. Keyed by the member's
+# `_name_` (Enum's plain attribute for it): hashing an Enum member calls Enum.__hash__, in Python.
+_STATUS_FIELDS = {code._name_: encode_literal(b"grpc-status", str(code.value[0]).encode()) for code in grpc.StatusCode}
 
 
 def status_trailers(code: grpc.StatusCode, message: str = "", extra: bytes = b"") -> bytes:
     """The header block ending a call: grpc-status, grpc-message when set, and `extra` fields."""
-    block = _STATUS_FIELDS[code]
+    block = _STATUS_FIELDS[code._name_]
     if message:
         block += encode_literal(b"grpc-message", encode_message(message))
     return block + extra

@@ -43,18 +43,32 @@ class Decoder(hpack.Decoder):
     """
 
     def __init__(self, max_header_list_size: int = hpack.hpack.DEFAULT_MAX_HEADER_LIST_SIZE) -> None:
-        super().__init__(max_header_list_size)
         # Plain blocks decoded since the dynamic table last changed, by their bytes, with their
         # header list size: a gRPC peer sends the same few blocks on every call (a request's, a
         # response's, the trailers), and the fields a plain block stands for change only when
         # the table does, which only the general decoder changes. Small blocks only, and a few:
-        # a peer sending new ones each time costs a lookup a block, never memory.
+        # a peer sending new ones each time costs a lookup a block, never memory. A block is
+        # remembered only while the table fits the size allowed (else the peer owes a size
+        # update, which the general decoder reads), and forgotten when that allowance changes.
         self._plain_blocks: dict[bytes, tuple[list[tuple[bytes, bytes]], int]] = {}
+        super().__init__(max_header_list_size)
+
+    @property
+    def max_allowed_table_size(self) -> int:
+        """hpack's attribute (the table size this side advertised and the peer acknowledged)."""
+        return self._max_allowed_table_size
+
+    @max_allowed_table_size.setter
+    def max_allowed_table_size(self, size: int) -> None:
+        self._max_allowed_table_size = size
+        self._plain_blocks.clear()
 
     def decode(self, data: bytes, raw: bool = False) -> list[tuple[bytes, bytes]]:
-        if raw and self.header_table_size <= self.max_allowed_table_size:
+        if raw:
             plain = self._plain_blocks.get(data)
-            if plain is None:
+            # (`header_table_size` and `max_allowed_table_size` are properties: a remembered
+            # block skips reading them, since neither changed since it was remembered.)
+            if plain is None and self.header_table_size <= self.max_allowed_table_size:
                 plain = self._decode_plain(data)
                 if plain is not None and len(data) <= _MAX_REMEMBERED_BLOCK:
                     if len(self._plain_blocks) >= _MAX_REMEMBERED_BLOCKS:
@@ -150,6 +164,11 @@ def _string(value: bytes) -> bytes:
 def encode_literal(name: bytes, value: bytes) -> bytes:
     """One field as a literal without indexing (for values that change from call to call)."""
     name_index = _STATIC_NAMES.get(name)
+    if len(value) < 0x7F:  # each length fits its prefix's byte: no integer encoding (a call's x-request-id)
+        if name_index is None and len(name) < 0x7F:
+            return b"\x00" + bytes((len(name),)) + name + bytes((len(value),)) + value
+        if name_index is not None and name_index < 0x0F:
+            return bytes((name_index, len(value))) + value
     if name_index is not None:
         return _integer(name_index, 4, 0x00) + _string(value)
     return b"\x00" + _string(name) + _string(value)

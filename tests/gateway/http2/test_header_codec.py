@@ -99,9 +99,12 @@ def test_the_header_list_limit_holds_on_the_fast_path():
         fast.decode(block, raw=True)
 
 
-def test_a_table_the_peer_has_not_shrunk_is_refused_on_the_fast_path_too():
+@pytest.mark.parametrize("remembered", [False, True])
+def test_a_table_the_peer_has_not_shrunk_is_refused_on_the_fast_path_too(remembered):
     encoder, fast, _ = warmed_pair()
     block = encoder.encode(FIELDS)
+    if remembered:  # decoded (and remembered) while the table still fit the allowed size
+        assert fast.decode(block, raw=True) == FIELDS
     fast.max_allowed_table_size = 0
     with pytest.raises(hpack.InvalidTableSizeError):
         fast.decode(block, raw=True)
@@ -113,6 +116,17 @@ def test_lengths_around_the_one_byte_prefix_decode_like_hpack(length):
     value = b"x" * (length - 1) + b"\x82"  # a last byte that would also read as an index
     block = encode_literal(b"x-long", value)  # without indexing, no Huffman: the short path's kind
     assert fast.decode(block, raw=True) == general.decode(block, raw=True) == [(b"x-long", value)]
+
+
+NAMES = [b"x-request-id", b"x" * 126, b"x" * 127, b"x" * 200, b":authority", b":path", b"www-authenticate"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("length", [0, 1, 126, 127, 128, 300])
+def test_literals_decode_to_their_field_whatever_the_lengths_and_name_index(name, length):
+    """Short and long names and values, a name of the static table below index 15 and above it."""
+    value = b"v" * length
+    assert hpack.Decoder().decode(encode_literal(name, value), raw=True) == [(name, value)]
 
 
 def test_repeated_blocks_decode_like_hpack_while_the_table_changes_under_them():
