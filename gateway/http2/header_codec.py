@@ -50,7 +50,12 @@ class Decoder(hpack.Decoder):
         # a peer sending new ones each time costs a lookup a block, never memory. A block is
         # remembered only while the table fits the size allowed (else the peer owes a size
         # update, which the general decoder reads), and forgotten when that allowance changes.
-        self._plain_blocks: dict[bytes, tuple[list[tuple[bytes, bytes]], int]] = {}
+        # The third part is the block's `verdicts`.
+        self._plain_blocks: dict[bytes, tuple[list[tuple[bytes, bytes]], int, dict[object, object]]] = {}
+        # After a decode: where the caller may keep what it concluded from this block's fields
+        # (the header rules' verdicts), for as long as the same bytes stand for the same fields;
+        # None when the block was not a plain one. Each remembered block has its own.
+        self.verdicts: dict[object, object] | None = None
         super().__init__(max_header_list_size)
 
     @property
@@ -64,21 +69,25 @@ class Decoder(hpack.Decoder):
         self._plain_blocks.clear()
 
     def decode(self, data: bytes, raw: bool = False) -> list[tuple[bytes, bytes]]:
+        self.verdicts = None
         if raw:
             plain = self._plain_blocks.get(data)
             # (`header_table_size` and `max_allowed_table_size` are properties: a remembered
             # block skips reading them, since neither changed since it was remembered.)
             if plain is None and self.header_table_size <= self.max_allowed_table_size:
-                plain = self._decode_plain(data)
-                if plain is not None and len(data) <= _MAX_REMEMBERED_BLOCK:
-                    if len(self._plain_blocks) >= _MAX_REMEMBERED_BLOCKS:
-                        self._plain_blocks.clear()
-                    self._plain_blocks[data] = plain
+                decoded = self._decode_plain(data)
+                if decoded is not None:
+                    plain = (decoded[0], decoded[1], {})
+                    if len(data) <= _MAX_REMEMBERED_BLOCK:
+                        if len(self._plain_blocks) >= _MAX_REMEMBERED_BLOCKS:
+                            self._plain_blocks.clear()
+                        self._plain_blocks[data] = plain
             if plain is not None:
-                headers, size = plain
+                headers, size, verdicts = plain
                 if size > self.max_header_list_size:
                     limit = self.max_header_list_size
                     raise OversizedHeaderListError(f"A header list larger than {limit} has been received")
+                self.verdicts = verdicts
                 return headers.copy()  # (the caller's to keep)
         self._plain_blocks.clear()  # whatever the block does to the dynamic table
         return super().decode(data, raw)

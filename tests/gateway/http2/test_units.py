@@ -244,6 +244,47 @@ def test_after_read_runs_once_the_whole_read_is_handled():
     asyncio.run(run())
 
 
+def plain_block(fields: list[tuple[bytes, bytes]]) -> bytes:
+    """Every field a literal without indexing with its name spelled out: a block the gateway's
+    decoder reads on its short path and remembers (as it does a gRPC client's indexed repeats)."""
+    return b"".join(b"\x00" + bytes((len(name),)) + name + bytes((len(value),)) + value for name, value in fields)
+
+
+def test_a_repeated_request_block_is_judged_once_and_a_malformed_one_every_time(monkeypatch):
+    """The request rules' verdict is kept with the block the decoder remembers (gRPC clients send
+    the same bytes on every call); a refusal is never kept, so each repeat of a bad block is reset."""
+    from gateway.http2 import connection as connection_module
+
+    judged: list[int] = []
+    check_request = connection_module.check_request
+
+    def counting_check_request(headers, limit):
+        judged.append(len(headers))
+        return check_request(headers, limit)
+
+    monkeypatch.setattr(connection_module, "check_request", counting_check_request)
+
+    async def run() -> None:
+        client, server = await wired()
+        good = plain_block(request_fields(b"/x"))
+        bad = plain_block([*request_fields(b"/x"), (b"X-Upper", b"v")])  # names are lowercase (RFC 9113 8.2.1)
+        blocks = (good, good, good, bad, bad)
+        streams = []
+        for stream_id, block in zip(range(1, 2 * len(blocks), 2), blocks, strict=True):
+            stream = Recorder(client)
+            client.add_stream(stream, stream_id)
+            client.send_headers(stream, block, end_stream=True)
+            streams.append(stream)
+            await settle()
+        assert len(server.opened) == 3
+        # The first block sets the table size too (the general decoder's); the second is
+        # remembered with its verdict, the third reuses it; the bad one is judged each time.
+        assert judged == [3, 3, 4, 4]
+        assert [stream.events for stream in streams[3:]] == [[("reset", f.PROTOCOL_ERROR)]] * 2
+
+    asyncio.run(run())
+
+
 def test_manual_credit_returns_window_only_when_released():
     class ManualServer(Server):
         stream_type = ManualCreditRecorder
