@@ -167,9 +167,9 @@ class BatchedStreamHandler(logging.StreamHandler):
 
         The loop last seen is reused while it runs on this thread (one loop runs on a thread at a
         time): `asyncio.get_running_loop()` makes a `getpid` system call on Python 3.11, and was
-        one per access line."""
-        self.acquire()
-        try:
+        one per access line. (`with self.lock` is Handler.acquire and release without their two
+        Python calls.)"""
+        with self.lock:  # type: ignore[union-attr]  # (a StreamHandler always has its lock)
             self._waiting.append(line + self.terminator)
             loop = self._loop_seen
             if loop is None or self._loop_thread != threading.get_ident() or not loop.is_running():
@@ -182,17 +182,12 @@ class BatchedStreamHandler(logging.StreamHandler):
             if loop is not self._flush_loop:  # none is scheduled, or on a loop that stopped before it ran
                 self._flush_loop = loop
                 loop.call_soon(self._flush_from_loop, loop)
-        finally:
-            self.release()
 
     def _flush_from_loop(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.acquire()
-        try:
+        with self.lock:  # type: ignore[union-attr]
             if self._flush_loop is loop:
                 self._flush_loop = None
             self._write_waiting()
-        finally:
-            self.release()
 
     def flush(self) -> None:
         self.acquire()

@@ -20,7 +20,7 @@ import time
 import grpc
 
 from dpgate.logs import lone_batched_handler
-from dpgate.request_id import resolve_request_id
+from dpgate.request_id import new_request_id, resolve_request_id
 from gateway.call_headers import CallHeaders, request_id_field
 from gateway.config import GatewayConfig
 from gateway.engine_client import CONTROL_SERVICE, INFERENCE_SERVICE, EngineClient
@@ -139,8 +139,10 @@ class Forwarder:
 
     @staticmethod
     def _request_id(headers: CallHeaders) -> str:
+        if not headers.request_ids:  # (most calls: a new id, with nothing to check or say)
+            return new_request_id()
         request_id, problem = resolve_request_id(headers.request_ids)
-        if problem is not None and headers.request_ids:  # a missing id is normal; a broken one is worth a line
+        if problem is not None:  # a broken id is worth a line
             logger.warning(
                 "the call's x-request-id %s; it is replaced by %s",
                 problem,

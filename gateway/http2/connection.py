@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -53,6 +54,7 @@ LOCAL_CONNECTION_WINDOW = 1 << 30
 # past this many the peer is flooding (CVE-2019-9512, -9515) and the connection ends.
 _MAX_REPLIES_WHILE_PAUSED = 1024
 _PREMATURE_RESET_S = 1.0
+_U32_UNPACK = struct.Struct(">L").unpack  # a WINDOW_UPDATE's increment
 _UNCHECKED = object()  # (no verdict yet: a rule's verdict may be None)
 _Verdict = TypeVar("_Verdict")
 
@@ -534,14 +536,15 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
     def _on_window_update(self, flags: int, stream_id: int, payload: bytes) -> None:
         if len(payload) != f.WINDOW_UPDATE_SIZE:
             raise ProtocolViolation(f.FRAME_SIZE_ERROR, "WINDOW_UPDATE length is not 4")
-        increment = f.unpack_u32(payload)
+        increment = _U32_UNPACK(payload)[0] & 0x7FFF_FFFF  # (f.unpack_u32 without its call: 2 a unary call)
         if stream_id == 0:
             if increment == 0:
                 raise ProtocolViolation(f.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
             self.send_window += increment
             if self.send_window > f.MAX_WINDOW:
                 raise ProtocolViolation(f.FLOW_CONTROL_ERROR, "connection window above 2^31-1")
-            self._unblock()
+            if self._blocked:
+                self._unblock()
             return
         stream = self.streams.get(stream_id)
         if stream is None:
