@@ -62,11 +62,13 @@ class CallOpener(Protocol):
 class ServerCall(Stream):
     """One client call: its request headers in, the response out."""
 
-    __slots__ = ("_unreturned", "handler", "headers", "is_finished", "is_response_started")
+    __slots__ = ("_unreturned", "handler", "headers", "is_finished", "is_response_started", "loop", "peer")
 
     def __init__(self, connection: ClientConnection, headers: Headers) -> None:
         super().__init__(connection)
         self.headers = headers
+        self.peer = connection.peer  # the client's address (the per-peer limits count calls by it)
+        self.loop = connection.loop  # the loop the call's connection runs on (its timers go there)
         self.handler: CallHandler | None = None
         self.is_response_started = False
         self.is_finished = False
@@ -77,16 +79,6 @@ class ServerCall(Stream):
         """`time.perf_counter()` of the read that brought the request's latest bytes (the gateway's
         added latency counts from there)."""
         return self.connection.last_read_at
-
-    @property
-    def peer(self) -> str:
-        """The client's address (the per-peer limits count calls by it)."""
-        return self.connection.peer
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        """The loop the call's connection runs on (the call's timers go there)."""
-        return self.connection.loop
 
     def on_headers(self, headers: Headers, end_stream: bool) -> None:
         # Request trailers: gRPC clients send none, but they would end the request.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.errors import InvalidArgument, Unavailable
+from gateway.errors import GatewayError, InvalidArgument, Unavailable
 from gateway.routing.filters import FILTERS, RouteRequest
 from gateway.routing.policies import RoutingPolicy
 from gateway.routing.snapshot import EngineView
@@ -73,12 +73,28 @@ def choose_engine_for_request(
     """
     if request.rank is not None:
         return _choose_pinned(engines, request, data_parallel_size)
-    candidates = list(engines)
-    if not candidates:
+    if not engines:
         raise Unavailable("no engine is connected to this gateway")
-    for engine_filter in FILTERS:
-        kept = [engine for engine in candidates if engine_filter.keep(engine, request)]
-        if not kept:
-            raise engine_filter.refuse(request)
-        candidates = kept
+    # Every filter on each engine in one pass (a list per filter was six more Python frames a
+    # call, issue 27); when none is left, the chain is run filter by filter for the first one
+    # that removed every candidate, whose refusal the call gets.
+    candidates = []
+    for engine in engines:
+        for engine_filter in FILTERS:
+            if not engine_filter.keep(engine, request):
+                break
+        else:
+            candidates.append(engine)
+    if not candidates:
+        raise _first_refusal(engines, request)
     return candidates[policy.select(candidates, request)]
+
+
+def _first_refusal(engines: Sequence[EngineView], request: RouteRequest) -> GatewayError:
+    """The refusal of the first filter of the chain that leaves no candidate (one must)."""
+    candidates = list(engines)
+    for engine_filter in FILTERS:
+        candidates = [engine for engine in candidates if engine_filter.keep(engine, request)]
+        if not candidates:
+            return engine_filter.refuse(request)
+    raise AssertionError("every filter kept an engine that the single pass refused")

@@ -116,6 +116,18 @@ def test_unpinned_with_nothing_usable_is_unavailable():
         choose([])
 
 
+def test_unpinned_refusal_names_the_filter_that_left_no_candidate():
+    """Engines fail different filters: the call's refusal is the filter that emptied the chain
+    (run in order), not the first that removed some engine."""
+    engines = [view(0, is_healthy=False), view(1, is_draining=True), view(2, is_circuit_closed=False)]
+    with pytest.raises(Unavailable, match="every candidate has an open circuit breaker"):
+        choose(engines)
+    with pytest.raises(Unavailable, match="every candidate is draining"):
+        choose(engines[:2])
+    with pytest.raises(NotFound, match="model 'other'"):  # the model filter runs before draining
+        choose([view(0, is_draining=True), view(1, model="x")], model="other")
+
+
 def test_unpinned_unknown_model_is_not_found():
     with pytest.raises(NotFound):
         choose([view(0)], model="nope")
