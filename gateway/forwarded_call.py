@@ -126,6 +126,7 @@ class ForwardedCall:
         "_headers",
         "_is_answered",
         "_is_done",
+        "_is_request_complete",
         "_loop",
         "_num_sent",
         "_opened_at",
@@ -185,6 +186,7 @@ class ForwardedCall:
         self._pending_prefill = 0  # prompt tokens counted in the engine's pending_prefill_tokens
         self._dispatched_at = 0  # the engine's GetLoad asks when this call was sent there
         self._is_done = False
+        self._is_request_complete = False  # the request's end (END_STREAM) has come
         # What the gateway adds to the call's latency (dpgate_gateway_added_latency_seconds): from
         # the read that completed the request to its end, less the engine's part (each attempt's
         # request queued upstream to its end read back); measured once an engine ended an attempt.
@@ -205,7 +207,7 @@ class ForwardedCall:
         forwarder.in_flight_by_peer[self._peer] = forwarder.in_flight_by_peer.get(self._peer, 0) + 1
         self._body_timer: asyncio.TimerHandle | None = None
         if not end_stream:  # a headers-only stream must not hold its slot for ever
-            call.connection.after_read(self._await_body)
+            call.after_read(self._await_body)
         forwarder.calls.add(self)
         call.handler = self
         if end_stream:
@@ -226,7 +228,7 @@ class ForwardedCall:
 
     def _await_body(self) -> None:
         """Arm the request-body timer, unless the body came in the read that brought the headers."""
-        if not self._is_done and not self._call.is_remote_closed:
+        if not self._is_done and not self._is_request_complete:
             self._body_timer = self._loop.call_later(self._forwarder.config.request_body_timeout_s, self._body_late)
 
     def _body_late(self) -> None:
@@ -242,6 +244,7 @@ class ForwardedCall:
         self._finish(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
     def _request_complete(self) -> None:
+        self._is_request_complete = True
         self._received_at = self._call.received_at
         if self._body_timer is not None:
             self._body_timer.cancel()

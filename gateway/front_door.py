@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import ssl
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
@@ -73,6 +74,10 @@ class ServerCall(Stream):
         self.is_response_started = False
         self.is_finished = False
         self._unreturned = 0  # bytes sent and not yet handed to the handler (CREDIT_STEP_BYTES)
+
+    def after_read(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once the read that brought this call's latest frames is handled."""
+        self.connection.after_read(callback)
 
     @property
     def received_at(self) -> float:

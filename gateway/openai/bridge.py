@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 import grpc
@@ -50,8 +50,8 @@ class EngineCall:
     """
 
     __slots__ = (
-        "_buffer", "_queue", "_status", "handler", "headers", "is_finished", "is_response_started", "loop", "peer",
-        "received_at",
+        "_after_start", "_buffer", "_queue", "_status", "handler", "headers", "is_finished", "is_response_started",
+        "loop", "peer", "received_at",
     )  # fmt: skip
 
     def __init__(self, headers: Headers, peer: str = "") -> None:
@@ -62,11 +62,17 @@ class EngineCall:
         self.is_finished = False
         self.received_at = 0.0  # time.perf_counter() when the request message was handed over (`start`)
         self.loop = asyncio.get_running_loop()  # the loop the call's timers go to
+        self._after_start: list[Callable[[], None]] = []
         self._buffer = b""
         self._queue: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
         self._status: ResponseStatus | None = None
 
     # --- the ServerCall side the relay writes to ------------------------------------------------
+
+    def after_read(self, callback: Callable[[], None]) -> None:
+        """Run `callback` once the request message is handed over (`start` hands it right after
+        opening the call, as one read brings a gRPC call's headers and body)."""
+        self._after_start.append(callback)
 
     def start_response(self, extra: bytes = b"") -> None:
         self.is_response_started = True
@@ -107,6 +113,9 @@ class EngineCall:
         opener.open_call(self, False)
         if self.handler is not None:
             self.handler.on_request_data(frame_message(request), True)
+        callbacks, self._after_start = self._after_start, []
+        for callback in callbacks:
+            callback()
 
     async def messages(self) -> AsyncIterator[bytes]:
         """Each response message's payload, in order, until the call ends (then see `status`)."""
