@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
@@ -50,21 +51,27 @@ class EngineCall:
     """
 
     __slots__ = (
-        "_after_start", "_buffer", "_queue", "_status", "handler", "headers", "is_finished", "is_response_started",
-        "loop", "peer", "received_at",
+        "_after_start", "_buffer", "_items", "_status", "_waiter", "handler", "headers", "is_finished",
+        "is_response_started", "loop", "peer", "received_at",
     )  # fmt: skip
 
-    def __init__(self, headers: Headers, peer: str = "") -> None:
+    def __init__(self, headers: Headers, peer: str = "", loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.headers = headers
         self.peer = peer  # the HTTP client's address: its calls count toward --max-in-flight-per-peer
         self.handler = None  # set by the forwarder when it admits the call
         self.is_response_started = False
         self.is_finished = False
         self.received_at = 0.0  # time.perf_counter() when the request message was handed over (`start`)
-        self.loop = asyncio.get_running_loop()  # the loop the call's timers go to
+        # The loop the call's timers go to: the caller's, when it knows it (get_running_loop()
+        # makes a getpid system call on Python 3.11).
+        self.loop = loop or asyncio.get_running_loop()
         self._after_start: list[Callable[[], None]] = []
         self._buffer = b""
-        self._queue: asyncio.Queue[tuple[bytes, int] | None] = asyncio.Queue()
+        # Response payloads (with their relayed size) for `messages()`, None at the end: a queue
+        # with one reader, woken through a future of the call's loop (asyncio.Queue asks for
+        # the running loop, a getpid system call, each time its reader waits).
+        self._items: deque[tuple[bytes, int] | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
         self._status: ResponseStatus | None = None
 
     # --- the ServerCall side the relay writes to ------------------------------------------------
@@ -90,7 +97,7 @@ class EngineCall:
             if flag != 0:
                 self._fail(COMPRESSED_MESSAGE)
                 return
-            self._queue.put_nowait((buffer[position + MESSAGE_PREFIX_SIZE : end], end - position))
+            self._put((buffer[position + MESSAGE_PREFIX_SIZE : end], end - position))
             position = end
         self._buffer = buffer[position:]
 
@@ -100,7 +107,13 @@ class EngineCall:
             return
         self.is_finished = True
         self._status = ResponseStatus.read(_TRAILERS.decode(trailers, raw=True))
-        self._queue.put_nowait(None)
+        self._put(None)
+
+    def _put(self, item: tuple[bytes, int] | None) -> None:
+        self._items.append(item)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     def refuse(self, code: grpc.StatusCode, message: str) -> None:
         self.finish(status_trailers(code, message))
@@ -120,7 +133,10 @@ class EngineCall:
     async def messages(self) -> AsyncIterator[bytes]:
         """Each response message's payload, in order, until the call ends (then see `status`)."""
         while True:
-            item = await self._queue.get()
+            while not self._items:
+                self._waiter = self.loop.create_future()
+                await self._waiter
+            item = self._items.popleft()
             if item is None:
                 return
             payload, num_bytes = item

@@ -89,6 +89,7 @@ class OpenAIServer:
         self._started = int(time.time())
         self._runner: web.AppRunner | None = None
         self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it serves on, once started
         self.port = 0
 
     def _app(self) -> web.Application:
@@ -118,7 +119,7 @@ class OpenAIServer:
         def protocol() -> asyncio.Protocol:
             return factory() if len(factory.connections) < limit else _Refused(limit)
 
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         host = config.host.strip("[]")
         self._server = await loop.create_server(protocol, host, config.http_port, reuse_address=True, backlog=1024)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -183,7 +184,7 @@ class OpenAIServer:
             message = f"the request is larger than the gateway's message limit of {limit} bytes (--max-message-bytes)"
             return error_response(error(413, message), request_id)
         model = plan.model or self._default_model()
-        calls = [EngineCall(headers, request.remote or "") for _ in plan.requests]
+        calls = [EngineCall(headers, request.remote or "", self._loop) for _ in plan.requests]
         try:
             for call, payload in zip(calls, plan.requests, strict=True):
                 call.start(self._forwarder, payload)
@@ -247,5 +248,8 @@ class OpenAIServer:
         return headers
 
     def _default_model(self) -> str:
-        views = self._pool.snapshot()
-        return views[0].model if views else ""
+        """The first connected engine's model (without a routing view of every engine: issue 27)."""
+        for engine in self._pool.engines:
+            if engine.identity is not None:
+                return engine.identity.model
+        return ""

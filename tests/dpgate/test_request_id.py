@@ -11,7 +11,7 @@ import pytest
 from dpgate.request_id import MAX_REQUEST_ID_LENGTH, new_request_id, request_id_problem, resolve_request_id
 
 
-@pytest.mark.parametrize("value", ["a", "req-1/2 x", "~" * MAX_REQUEST_ID_LENGTH, b"bytes-ok"])
+@pytest.mark.parametrize("value", ["a", "req-1/2 x", "~" * MAX_REQUEST_ID_LENGTH, b"bytes-ok", " ", b" ~"])
 def test_a_usable_id_is_kept(value):
     kept = value.decode() if isinstance(value, bytes) else value
     assert resolve_request_id([value]) == (kept, None)
@@ -27,6 +27,8 @@ def test_a_usable_id_is_kept(value):
         (["caf\u00e9"], "has characters outside printable ASCII"),
         (["tab\there"], "has characters outside printable ASCII"),
         ([b"\x7f"], "has characters outside printable ASCII"),
+        ([b"ok\x1f"], "has characters outside printable ASCII"),
+        (["ends with a newline\n"], "has characters outside printable ASCII"),
         (["\u0100"], "has characters outside printable ASCII"),
     ],
 )
