@@ -84,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--breaker-open-seconds", type=float, default=d.breaker_open_s,
         help="seconds an open circuit waits before trying the engine again")
     add("--access-log", action=argparse.BooleanOptionalAction, default=True,
-        help="log one line per call with its x-request-id, code and duration (default); it costs ~15 us a call")
+        help="log one line per call with its x-request-id, code and duration (default); it costs 2-6 us a call")
     add_log_format_argument(parser, deprecated_json_flag=True)
 
 

@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--access-log",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="log one line per call with its x-request-id, code and duration (default); it costs ~15 us a call",
+        help="log one line per call with its x-request-id, code and duration (default); it costs 2-6 us a call",
     )
     # Chat flags: checked by the engines (an engine's refusal ends serve with exit 2 and its sentence).
     add("--chat-template", metavar="FILE", help="engines' chat template file, replacing the model's own")
