@@ -44,7 +44,8 @@ _MAX_PING_STRIKES = 2
 # flow-control credit) in steps of at least this many. The gateway opens a 4 MiB window on each
 # upstream stream and tells the engine of credit once 2 MiB are due, so a smaller step changes
 # nothing the engine sees; without one, a stream of small token messages made three calls per
-# message to add a number (issue 27).
+# message to add a number (issue 27). The connection counts the step (`Stream.sent_step`), so a
+# relayed message makes no call for its credit at all.
 CREDIT_STEP_BYTES = 64 * 1024
 
 
@@ -63,7 +64,8 @@ class CallOpener(Protocol):
 class ServerCall(Stream):
     """One client call: its request headers in, the response out."""
 
-    __slots__ = ("_unreturned", "handler", "headers", "is_finished", "is_response_started", "loop", "peer")
+    __slots__ = ("handler", "headers", "is_finished", "is_response_started", "loop", "peer")
+    sent_step = CREDIT_STEP_BYTES
 
     def __init__(self, connection: ClientConnection, headers: Headers) -> None:
         super().__init__(connection)
@@ -73,7 +75,6 @@ class ServerCall(Stream):
         self.handler: CallHandler | None = None
         self.is_response_started = False
         self.is_finished = False
-        self._unreturned = 0  # bytes sent and not yet handed to the handler (CREDIT_STEP_BYTES)
 
     def after_read(self, callback: Callable[[], None]) -> None:
         """Run `callback` once the read that brought this call's latest frames is handled."""
@@ -101,13 +102,8 @@ class ServerCall(Stream):
                 self.handler.on_cancelled()
 
     def on_sent(self, num_bytes: int) -> None:
-        unreturned = self._unreturned + num_bytes
-        if unreturned < CREDIT_STEP_BYTES:
-            self._unreturned = unreturned
-            return
-        self._unreturned = 0
         if self.handler is not None:
-            self.handler.on_response_sent(unreturned)
+            self.handler.on_response_sent(num_bytes)
 
     def start_response(self, extra: bytes = b"") -> None:
         if not self.is_response_started:

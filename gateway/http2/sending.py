@@ -36,9 +36,9 @@ class Http2Sender:
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self._blocked: set[Stream] = set()
-        # (stream, bytes) of DATA queued but not yet taken by an unpaused transport: a stream hears
-        # `on_sent` (and an engine gets its credit back) only once the bytes really left.
-        self._credits: list[tuple[Stream, int]] = []
+        # Streams with `sent_step` bytes of DATA queued but not yet taken by an unpaused transport:
+        # a stream hears `on_sent` (and an engine gets its credit back) only once the bytes left.
+        self._credits: list[Stream] = []
         self._is_write_paused = False  # the transport's buffer is over its high-water mark
         self.ids = StreamIds(self.is_client)
         self.is_closed = False
@@ -70,8 +70,15 @@ class Http2Sender:
     def _deliver_credits(self) -> None:
         """Tell each stream its bytes left (the transport took them and is not paused)."""
         credits, self._credits = self._credits, []
-        for stream, num_bytes in credits:
+        for stream in credits:
+            num_bytes, stream.unsent = stream.unsent, 0
             stream.on_sent(num_bytes)
+
+    def _count_unsent(self, stream: Stream, num_bytes: int) -> None:
+        """Note DATA queued for `stream`; the stream is credited once its step's worth is."""
+        unsent = stream.unsent = stream.unsent + num_bytes
+        if unsent >= stream.sent_step > unsent - num_bytes:
+            self._credits.append(stream)
 
     def add_stream(self, stream: Stream, stream_id: int) -> None:
         stream.stream_id = stream_id
@@ -129,7 +136,10 @@ class Http2Sender:
                 self._flush_handle = self._loop.call_soon(self._flush)
             if end_stream:
                 self._close_local(stream)
-            self._credits.append((stream, length))
+            # `_count_unsent`, inline: the stream waits for its credit only once it crossed its step
+            unsent = stream.unsent = stream.unsent + length
+            if unsent >= stream.sent_step > unsent - length:
+                self._credits.append(stream)
             return
         if stream.pending is None:
             stream.pending = deque()
@@ -161,7 +171,7 @@ class Http2Sender:
             self.write(f.pack_frame(f.DATA, f.END_STREAM if end_stream else 0, stream.stream_id, data))
             if end_stream:
                 self._close_local(stream)
-            self._credits.append((stream, len(data)))
+            self._count_unsent(stream, len(data))
         stream.pending = None
         self._blocked.discard(stream)
 
@@ -174,8 +184,8 @@ class Http2Sender:
         stream.is_local_closed = stream.is_remote_closed = True
         stream.pending = None
         self._blocked.discard(stream)
-        if self._credits:  # a reset stream's bytes will not be sent: nothing to credit
-            self._credits = [(s, n) for s, n in self._credits if s is not stream]
+        if stream in self._credits:  # a reset stream's bytes will not be sent: nothing to credit
+            self._credits.remove(stream)
 
     def reset_stream(self, stream: Stream, error_code: int = f.CANCEL) -> None:
         """End a stream at once (no event is delivered to it)."""

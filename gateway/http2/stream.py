@@ -41,6 +41,9 @@ class Stream:
     """
 
     auto_credit = True  # return flow-control credit on receipt; False: the owner calls `release`
+    # `on_sent` comes once at least this many bytes left since the last one: a relaying owner that
+    # returns credit in steps sets its step here, so a relayed message costs no call of its own.
+    sent_step = 1
 
     __slots__ = (
         "_recv_unacked",
@@ -54,6 +57,7 @@ class Stream:
         "recv_window",
         "send_window",
         "stream_id",
+        "unsent",
     )  # fmt: skip
 
     def __init__(self, connection: StreamConnection) -> None:
@@ -69,6 +73,7 @@ class Stream:
         self.content_length: int | None = None
         self.opened_at = 0.0  # loop time the peer opened it (server role; the rapid-reset guard)
         self._recv_unacked = 0
+        self.unsent = 0  # DATA bytes handed to the connection since `on_sent` last reported
 
     @property
     def is_open(self) -> bool:
@@ -84,4 +89,5 @@ class Stream:
         raise NotImplementedError
 
     def on_sent(self, num_bytes: int) -> None:
-        """`num_bytes` of this stream's DATA left for the peer (they may have waited for window)."""
+        """`num_bytes` of this stream's DATA left for the peer (they may have waited for window):
+        reported once at least `sent_step` bytes are unreported (a last remainder below it never is)."""

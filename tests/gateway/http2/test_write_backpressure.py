@@ -58,3 +58,60 @@ def test_streams_reset_while_paused_do_not_hear_of_bytes_later():
         assert isinstance(stream, Stream) and stream.sent == 0
 
     asyncio.run(run())
+
+
+class SteppedStream(CountingStream):
+    """A relaying owner's stream: it hears of its sent bytes in steps (as a client's call does)."""
+
+    sent_step = 100
+
+    def __init__(self, connection) -> None:
+        super().__init__(connection)
+        self.reports: list[int] = []
+
+    def on_sent(self, num_bytes: int) -> None:
+        super().on_sent(num_bytes)
+        self.reports.append(num_bytes)
+
+
+def test_a_stepped_stream_hears_once_a_step_of_its_bytes_left():
+    async def run() -> None:
+        client, _server = await wired()
+        stream = SteppedStream(client)
+        client.add_stream(stream, 1)
+        client.send_headers(stream, request_block(b"/x"))
+        client.send_data(stream, b"a" * 60)
+        await settle()
+        assert stream.reports == [], "heard of fewer bytes than its step"
+        client.send_data(stream, b"b" * 30)
+        client.send_data(stream, b"c" * 30)  # crosses the step
+        client.send_data(stream, b"d" * 5)  # queued in the same write: it left with the rest
+        await settle()
+        assert stream.reports == [125]
+        client.pause_writing()
+        client.send_data(stream, b"e" * 150)
+        await settle()
+        assert stream.reports == [125], "credit returned while the transport was paused"
+        client.resume_writing()
+        assert stream.reports == [125, 150]
+        client.send_data(stream, b"f" * 99)
+        await settle()
+        assert stream.sent == 275, "a remainder below the step is not reported"
+
+    asyncio.run(run())
+
+
+def test_a_stepped_stream_reset_before_its_bytes_left_hears_nothing():
+    async def run() -> None:
+        client, _server = await wired()
+        stream = SteppedStream(client)
+        client.add_stream(stream, 1)
+        client.send_headers(stream, request_block(b"/x"))
+        client.pause_writing()
+        client.send_data(stream, b"d" * 300)
+        client.reset_stream(stream)
+        client.resume_writing()
+        await settle()
+        assert stream.reports == []
+
+    asyncio.run(run())
