@@ -50,6 +50,7 @@ __all__ = ["LOCAL_CONNECTION_WINDOW", "LOCAL_STREAM_WINDOW", "Headers", "Http2Co
 logger = logging.getLogger("dpgate.gateway.http2")
 
 LOCAL_CONNECTION_WINDOW = 1 << 30
+_CONNECTION_WINDOW_UPDATE_AT = LOCAL_CONNECTION_WINDOW // 2  # received bytes that earn the peer a WINDOW_UPDATE
 # Frames that need an answer (PING, SETTINGS, stream errors) while the peer reads nothing:
 # past this many the peer is flooding (CVE-2019-9512, -9515) and the connection ends.
 _MAX_REPLIES_WHILE_PAUSED = 1024
@@ -186,15 +187,16 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
         self.last_frame_time = self._loop.time()
         self.last_read_at = time.perf_counter()
         size = len(data)
-        unpack = f.FRAME_HEADER.unpack_from
+        unpack = f.FRAME_HEADER_WORDS.unpack_from
         handlers = self._handlers
         header_size = f.FRAME_HEADER_SIZE
         max_frame = f.DEFAULT_MAX_FRAME
         last_known_type = f.CONTINUATION
         try:
             while size - offset >= header_size:
-                high, low, frame_type, flags, stream_id = unpack(data, offset)
-                length = (high << 8) | low
+                length_and_type, flags, stream_id = unpack(data, offset)
+                length = length_and_type >> 8
+                frame_type = length_and_type & 0xFF
                 if length > max_frame:
                     raise ProtocolViolation(f.FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
                 end = offset + header_size + length
@@ -287,7 +289,7 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
         if self.recv_window < 0:
             raise ProtocolViolation(f.FLOW_CONTROL_ERROR, "DATA beyond the connection's flow-control window")
         self._recv_unacked += length
-        if self._recv_unacked >= LOCAL_CONNECTION_WINDOW // 2:
+        if self._recv_unacked >= _CONNECTION_WINDOW_UPDATE_AT:
             self.write(f.pack_window_update(0, self._recv_unacked))
             self.recv_window += self._recv_unacked
             self._recv_unacked = 0
@@ -296,10 +298,11 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
             padding = length - len(data)
         else:
             data, padding = payload, 0
-        stream = self.streams.get(stream_id)
-        if stream is None:
+        try:
+            stream = self.streams[stream_id]
+        except KeyError:
             if self.ids.is_idle(stream_id):
-                raise ProtocolViolation(f.PROTOCOL_ERROR, "DATA on an idle stream")
+                raise ProtocolViolation(f.PROTOCOL_ERROR, "DATA on an idle stream") from None
             self._on_closed_stream(stream_id)
             return
         if stream.is_remote_closed:
@@ -312,7 +315,7 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
         if not stream.is_headers_received:  # DATA before the response's headers
             self._stream_error(stream, f.PROTOCOL_ERROR)
             return
-        end_stream = bool(flags & f.END_STREAM)
+        end_stream = flags & f.END_STREAM != 0
         if stream.content_length is not None:
             remaining = stream.content_length = stream.content_length - (length - padding)
             if remaining < 0 or (end_stream and remaining):  # RFC 9113 8.1.1: malformed

@@ -16,6 +16,10 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 # 24-bit length (split 16 + 8), type, flags, 31-bit stream id.
 FRAME_HEADER = struct.Struct(">HBBBL")
 FRAME_HEADER_SIZE = FRAME_HEADER.size
+# The same nine bytes packed from three values: the 24-bit length and the type as one 32-bit
+# word (`length << 8 | type`), the flags, the stream id. Two fewer values to pack, and no
+# splitting of the length, for the one frame packed per relayed message (DATA is type 0).
+FRAME_HEADER_WORDS = struct.Struct(">LBL")
 
 # Frame types.
 DATA = 0x0
@@ -78,8 +82,7 @@ _GOAWAY = struct.Struct(">LL")
 
 
 def pack_frame(frame_type: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    length = len(payload)
-    return FRAME_HEADER.pack(length >> 8, length & 0xFF, frame_type, flags, stream_id) + payload
+    return FRAME_HEADER_WORDS.pack(len(payload) << 8 | frame_type, flags, stream_id) + payload
 
 
 def pack_settings(settings: dict[int, int]) -> bytes:

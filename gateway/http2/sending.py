@@ -16,7 +16,7 @@ from gateway.http2 import frames as f
 from gateway.http2.stream import Stream
 from gateway.http2.stream_ids import StreamIds
 
-_FRAME_HEADER_PACK = f.FRAME_HEADER.pack
+_FRAME_HEADER_PACK = f.FRAME_HEADER_WORDS.pack
 
 DYNAMIC_TABLE_SIZE_ZERO = b"\x20"  # HPACK "dynamic table size update" to 0 (RFC 7541 section 6.3)
 
@@ -130,7 +130,7 @@ class Http2Sender:
             # two pieces (the flush joins them anyway), once per relayed message.
             flags = f.END_STREAM if end_stream else 0
             out = self._out
-            out.append(_FRAME_HEADER_PACK(length >> 8, length & 0xFF, f.DATA, flags, stream.stream_id))
+            out.append(_FRAME_HEADER_PACK(length << 8, flags, stream.stream_id))  # (DATA is type 0)
             out.append(data)
             if self._flush_handle is None and not self.is_closed:
                 self._flush_handle = self._loop.call_soon(self._flush)
