@@ -384,7 +384,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per throughput run")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per call from the synthetic engine")
-    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds; each figure is their median")
+    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; each figure is their median")
     parser.add_argument("--no-envoy", action="store_true", help="leave Envoy out")
     parser.add_argument("--no-install", action="store_true", help="use Envoy only if it is already installed")
     parser.add_argument("--baseline", metavar="CHECKOUT", type=Path,

