@@ -81,7 +81,7 @@ class CacheAware:
     def _pick(self, engines: Sequence[EngineView], costs: list[float], among) -> int:
         """The lowest cost among `among`; ties to the fewest calls, then in turn by rank."""
         among = list(among)
-        lowest = min(costs[i] for i in among)
+        lowest = min([costs[i] for i in among])  # (a list: a generator is a frame of its own)
         tied = [i for i in among if costs[i] == lowest]
         if len(tied) > 1:
             fewest = min(engines[i].load for i in tied)

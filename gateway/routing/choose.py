@@ -11,6 +11,8 @@ from gateway.routing.snapshot import EngineView
 
 __all__ = ["RouteRequest", "choose_engine_for_request"]
 
+_KEEPS = tuple(engine_filter.keep for engine_filter in FILTERS)  # the chain's predicates, in order
+
 
 def _connected_ranks(engines: Sequence[EngineView]) -> list[int]:
     return sorted({engine.rank for engine in engines})
@@ -80,8 +82,8 @@ def choose_engine_for_request(
     # that removed every candidate, whose refusal the call gets.
     candidates = []
     for engine in engines:
-        for engine_filter in FILTERS:
-            if not engine_filter.keep(engine, request):
+        for keep in _KEEPS:
+            if not keep(engine, request):
                 break
         else:
             candidates.append(engine)

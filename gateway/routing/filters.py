@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from gateway.errors import GatewayError, NotFound, Unavailable
 from gateway.routing.snapshot import EngineView
@@ -28,8 +29,7 @@ class PromptBlocks:
     chains: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
-@dataclass(slots=True, frozen=True)
-class RouteRequest:
+class RouteRequest(NamedTuple):
     """What routing knows about a call: its pinned rank, the model (when known) and engines to skip.
 
     `model` is None when the gateway did not read the body (the gRPC relay forwards bodies as raw
@@ -37,6 +37,7 @@ class RouteRequest:
     which parses its JSON, sets it. `excluded_addresses` holds engines
     already tried by this call, so a retry never lands on the same engine.
     `prompt` is filled only for calls the gateway tokenized (Generate text or ids, unpinned).
+    A named tuple, as `EngineView` is: one is made for every call.
     """
 
     rank: int | None = None

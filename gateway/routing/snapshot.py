@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(slots=True, frozen=True)
-class EngineView:
+class EngineView(NamedTuple):
     """What the filters and policies may know about one connected (handshaken) engine.
 
     `num_in_flight` is counted by this gateway and always current; `num_running` and `num_waiting`
     come from the engine's last GetLoad answer and may be one health interval old.
+
+    A named tuple, immutable like the snapshot it is: routing builds one per connected engine for
+    every call, and a frozen dataclass's constructor (one `object.__setattr__` a field) cost 1.4 us
+    where a tuple's costs 0.6 (issue 27).
     """
 
     address: str
