@@ -128,22 +128,22 @@ class EngineClient:
         self.rank_metadata = ((RANK_KEY, str(identity.rank)),)
 
     def view(self, now: float) -> EngineView:
-        """A routing snapshot; only valid for a connected engine."""
+        """A routing snapshot; only valid for a connected engine. (Positional: routing makes one of
+        every engine for every call, and ten keywords made each view 0.4 us dearer: issue 27.)"""
         identity = self.identity
         assert identity is not None  # the pool only views connected engines
-        reported = self.reported
-        num_running, num_waiting = reported.running_and_waiting()
+        num_running, num_waiting, kv_tokens = self.reported.figures(identity.kv_block_size)
         return EngineView(
-            address=self.address,
-            rank=identity.rank,
-            model=identity.model,
-            is_healthy=self.health.is_healthy,
-            is_draining=not self.is_serving,
-            is_circuit_closed=self.breaker.allows_calls(now),
-            num_in_flight=self.num_in_flight,
-            num_running=num_running,
-            num_waiting=num_waiting,
-            load_tokens=reported.kv_tokens(identity.kv_block_size) + self.pending_prefill_tokens,
+            self.address,  # address
+            identity.rank,  # rank
+            identity.model,  # model
+            self.health.is_healthy,  # is_healthy
+            not self.is_serving,  # is_draining
+            self.breaker.allows_calls(now),  # is_circuit_closed
+            self.num_in_flight,  # num_in_flight
+            num_running,  # num_running
+            num_waiting,  # num_waiting
+            kv_tokens + self.pending_prefill_tokens,  # load_tokens
         )
 
     async def fetch_identity(self, timeout: float) -> EngineIdentity:

@@ -78,15 +78,22 @@ class ReportedLoad:
     def running_and_waiting(self) -> tuple[int, int]:
         """`num_requests` split as the engine would now: the ended calls were running, and waiting
         requests take their places."""
-        left = self.num_requests
-        running = min(self.num_running, left)
-        return running, left - running
+        running, waiting, _ = self.figures(0)
+        return running, waiting
 
     def kv_tokens(self, block_size: int) -> int:
         """The KV the engine's requests hold, in tokens, as of now (an estimate from below)."""
-        held = self.num_used_blocks * block_size
-        estimate = held - self._released.prompt_tokens
+        return self.figures(block_size)[2]
+
+    def figures(self, block_size: int) -> tuple[int, int, int]:
+        """Running and waiting requests and KV tokens as of now (`running_and_waiting`, `kv_tokens`)
+        in one call: routing asks for all three of every engine for every call (issue 27)."""
         reported = self.num_running + self.num_waiting
+        released = self._released
+        left = max(0, reported - released.calls)  # num_requests
+        running = min(self.num_running, left)
+        held = self.num_used_blocks * block_size
+        estimate = held - released.prompt_tokens
         if reported:
-            estimate = min(estimate, held * self.num_requests // reported)
-        return max(0, estimate)
+            estimate = min(estimate, held * left // reported)
+        return running, left - running, max(0, estimate)
