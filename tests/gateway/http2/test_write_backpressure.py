@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gateway.http2 import frames as f
 from gateway.http2.stream import Stream
 from tests.gateway.http2.test_units import Recorder, request_block, settle, wired
@@ -21,43 +23,12 @@ class CountingStream(Recorder):
         self.sent += num_bytes
 
 
-def test_sent_bytes_count_only_while_the_transport_takes_them():
-    async def run() -> None:
-        client, server = await wired()
-        server.write(f.pack_settings({f.SETTINGS_INITIAL_WINDOW_SIZE: 1 << 20}))
-        server.write(f.pack_window_update(0, 1 << 20))
-        await settle()
-        stream = CountingStream(client)
-        client.add_stream(stream, 1)
-        client.send_headers(stream, request_block(b"/x"))
-        client.pause_writing()  # the socket's buffer is over its high-water mark
-        client.send_data(stream, b"d" * 1000)
-        await settle()
-        assert stream.sent == 0, "credit returned while the transport was paused"
-        client.resume_writing()
-        await settle()
-        assert stream.sent == 1000
-        client.send_data(stream, b"e" * 10)
-        await settle()
-        assert stream.sent == 1010
-
-    asyncio.run(run())
-
-
-def test_streams_reset_while_paused_do_not_hear_of_bytes_later():
-    async def run() -> None:
-        client, _server = await wired()
-        stream = CountingStream(client)
-        client.add_stream(stream, 1)
-        client.send_headers(stream, request_block(b"/x"))
-        client.pause_writing()
-        client.send_data(stream, b"d" * 100)
-        client.reset_stream(stream)
-        client.resume_writing()
-        await settle()
-        assert isinstance(stream, Stream) and stream.sent == 0
-
-    asyncio.run(run())
+def open_stream(client, stream_type: type[CountingStream]) -> CountingStream:
+    """A request stream of `stream_type` opened on `client` (its headers sent)."""
+    stream = stream_type(client)
+    client.add_stream(stream, 1)
+    client.send_headers(stream, request_block(b"/x"))
+    return stream
 
 
 class SteppedStream(CountingStream):
@@ -74,12 +45,46 @@ class SteppedStream(CountingStream):
         self.reports.append(num_bytes)
 
 
+def test_sent_bytes_count_only_while_the_transport_takes_them():
+    async def run() -> None:
+        client, server = await wired()
+        server.write(f.pack_settings({f.SETTINGS_INITIAL_WINDOW_SIZE: 1 << 20}))
+        server.write(f.pack_window_update(0, 1 << 20))
+        await settle()
+        stream = open_stream(client, CountingStream)
+        client.pause_writing()  # the socket's buffer is over its high-water mark
+        client.send_data(stream, b"d" * 1000)
+        await settle()
+        assert stream.sent == 0, "credit returned while the transport was paused"
+        client.resume_writing()
+        await settle()
+        assert stream.sent == 1000
+        client.send_data(stream, b"e" * 10)
+        await settle()
+        assert stream.sent == 1010
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("stream_type", [CountingStream, SteppedStream])
+def test_streams_reset_while_paused_do_not_hear_of_bytes_later(stream_type: type[CountingStream]):
+    async def run() -> None:
+        client, _server = await wired()
+        stream = open_stream(client, stream_type)
+        client.pause_writing()
+        client.send_data(stream, b"d" * 300)  # past either stream's step: the stream waits for credit
+        client.reset_stream(stream)
+        client.resume_writing()
+        await settle()
+        assert isinstance(stream, Stream) and stream.sent == 0
+
+    asyncio.run(run())
+
+
 def test_a_stepped_stream_hears_once_a_step_of_its_bytes_left():
     async def run() -> None:
         client, _server = await wired()
-        stream = SteppedStream(client)
-        client.add_stream(stream, 1)
-        client.send_headers(stream, request_block(b"/x"))
+        stream = open_stream(client, SteppedStream)
         client.send_data(stream, b"a" * 60)
         await settle()
         assert stream.reports == [], "heard of fewer bytes than its step"
@@ -97,21 +102,5 @@ def test_a_stepped_stream_hears_once_a_step_of_its_bytes_left():
         client.send_data(stream, b"f" * 99)
         await settle()
         assert stream.sent == 275, "a remainder below the step is not reported"
-
-    asyncio.run(run())
-
-
-def test_a_stepped_stream_reset_before_its_bytes_left_hears_nothing():
-    async def run() -> None:
-        client, _server = await wired()
-        stream = SteppedStream(client)
-        client.add_stream(stream, 1)
-        client.send_headers(stream, request_block(b"/x"))
-        client.pause_writing()
-        client.send_data(stream, b"d" * 300)
-        client.reset_stream(stream)
-        client.resume_writing()
-        await settle()
-        assert stream.reports == []
 
     asyncio.run(run())
