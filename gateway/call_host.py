@@ -12,6 +12,7 @@ from gateway.config import GatewayConfig
 from gateway.engine_client import EngineClient
 from gateway.health_state import CallEvent
 from gateway.metrics import GatewayMetrics
+from gateway.prompt_routing import PromptRouter
 from gateway.routing.filters import PromptBlocks
 from gateway.upstream import UpstreamLink
 
@@ -24,6 +25,8 @@ class CallHost(Protocol):
     max_message_bytes: int
     num_in_flight: int
     calls: set[Any]  # the calls in flight (cancelled together at shutdown)
+    in_flight_by_peer: dict[str, int]  # client address -> its calls in flight
+    prompts: PromptRouter  # a Generate call's prompt blocks, for cache-aware routing
     local_services: UpstreamLink | None  # the gateway's own health and reflection server
 
     def choose(

@@ -27,6 +27,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from typing import Protocol
 
 import grpc
 
@@ -35,7 +37,7 @@ from gateway.call_headers import REQUEST_ID_KEY, CallHeaders, request_id_field
 from gateway.call_host import CallHost
 from gateway.engine_client import EngineClient
 from gateway.errors import EngineFailed, GatewayError, Unavailable
-from gateway.front_door import ServerCall, rank_trailer
+from gateway.front_door import CallHandler, rank_trailer
 from gateway.grpc_wire import (
     MessageScanner,
     Refusal,
@@ -109,6 +111,24 @@ def merge_abort_results(engines: list[EngineClient], results: list[bytes | BaseE
     return aborted
 
 
+class RelayedCall(Protocol):
+    """The client's side of a relayed call: the front door's `ServerCall`, or the HTTP API's
+    `EngineCall` (gateway/openai/bridge.py). A protocol rather than `ServerCall`: compiled
+    (gateway/compiled.py), an argument annotated with a class is checked to be one at run time."""
+
+    handler: CallHandler | None
+    is_response_started: bool
+    loop: asyncio.AbstractEventLoop
+    peer: str
+
+    @property
+    def received_at(self) -> float: ...
+    def after_read(self, callback: Callable[[], None]) -> None: ...
+    def start_response(self, extra: bytes = b"") -> None: ...
+    def send(self, data: bytes) -> None: ...
+    def finish(self, trailers: bytes) -> None: ...
+
+
 class ForwardedCall:
     """One dpgate.v1 call relayed to one engine (see the module docstring)."""
 
@@ -153,7 +173,7 @@ class ForwardedCall:
     def __init__(
         self,
         forwarder: CallHost,
-        call: ServerCall,
+        call: RelayedCall,
         headers: CallHeaders,
         rpc: str,
         streaming: bool,
@@ -171,7 +191,7 @@ class ForwardedCall:
         self._request_id = request_id
         self._request_id_field = request_id_field(request_id)
         self._start = time.perf_counter()
-        self._body = bytearray()  # appended per DATA frame: bytes += bytes copied it all each time
+        self._body: bytes | bytearray = bytearray()  # appended per DATA frame: bytes += bytes copied it all each time
         self._request = b""  # the request message, uncompressed (for the Abort fan-out)
         # The engine's response headers to relay (grpc-encoding, custom metadata): sent with the
         # first message or the status, so an attempt that fails before any message can be retried.
@@ -249,9 +269,9 @@ class ForwardedCall:
         if self._body_timer is not None:
             self._body_timer.cancel()
             self._body_timer = None
-        self._body = bytes(self._body)  # complete: one copy, then shared read-only with every attempt
+        body = self._body = bytes(self._body)  # complete: one copy, then shared read-only with every attempt
         request = read_request(
-            self._body, self._rpc, REQUEST_TYPES[self._rpc], self._headers.encoding, self._forwarder.max_message_bytes
+            body, self._rpc, REQUEST_TYPES[self._rpc], self._headers.encoding, self._forwarder.max_message_bytes
         )
         if isinstance(request, Refusal):
             self._finish(request.code, request.message)
@@ -328,7 +348,9 @@ class ForwardedCall:
         assert self._engine is not None
         extra = self._headers.passed + self._headers.tenant_field + self._request_id_field
         block = self._engine.link.request_headers(self._headers.path, timeout, extra)
-        self._upstream = connection.open_stream(self, block, self._body, end_stream=True)
+        body = self._body
+        assert isinstance(body, bytes)  # (the request is complete: see _request_complete)
+        self._upstream = connection.open_stream(self, block, body, end_stream=True)
         self._opened_at = time.perf_counter()
 
     # --- upstream events ----------------------------------------------------------------------

@@ -27,7 +27,7 @@ import logging
 import os
 import ssl
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 import grpc
 
@@ -46,7 +46,7 @@ _MAX_PING_STRIKES = 2
 # nothing the engine sees; without one, a stream of small token messages made three calls per
 # message to add a number (issue 27). The connection counts the step (`Stream.sent_step`), so a
 # relayed message makes no call for its credit at all.
-CREDIT_STEP_BYTES = 64 * 1024
+CREDIT_STEP_BYTES: Final = 64 * 1024
 
 
 class CallHandler(Protocol):

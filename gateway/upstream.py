@@ -41,20 +41,21 @@ class UpstreamStream(Stream):
     """A stream the gateway opened upstream; its events go to the relaying call.
 
     Its receive window is returned by the relaying call (`release`) as the bytes reach the client.
-    Headers and data go straight to the listener's methods: `on_headers` and `on_data` are the
-    listener's bound methods, set per stream, rather than methods that pass them on (a Python
-    call less for every relayed message).
     """
 
     auto_credit = False
 
-    __slots__ = ("listener", "on_data", "on_headers")
+    __slots__ = ("listener",)
 
     def __init__(self, connection: Http2Connection, listener: UpstreamListener) -> None:
         super().__init__(connection)
         self.listener = listener
-        self.on_headers = listener.upstream_headers  # type: ignore[method-assign]
-        self.on_data = listener.upstream_data  # type: ignore[method-assign]
+
+    def on_headers(self, headers: Headers, end_stream: bool) -> None:
+        self.listener.upstream_headers(headers, end_stream)
+
+    def on_data(self, data: bytes, end_stream: bool) -> None:
+        self.listener.upstream_data(data, end_stream)
 
     def on_reset(self, error_code: int | None) -> None:
         self.listener.upstream_reset(error_code)

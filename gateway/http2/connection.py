@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from hpack import OversizedHeaderListError
+from mypy_extensions import mypyc_attr
 
 from gateway.http2 import frames as f
 from gateway.http2.errors import HeadersTooLarge, MalformedHeaders, ProtocolViolation
@@ -60,6 +61,8 @@ _UNCHECKED = object()  # (no verdict yet: a rule's verdict may be None)
 _Verdict = TypeVar("_Verdict")
 
 
+# Subclassed in Python too (the tests' connections) when this module runs compiled (gateway/compiled.py).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Http2Connection(Http2Sender, asyncio.Protocol):
     """The frame layer of one connection; see the module docstring. Subclasses set `is_client`."""
 
@@ -442,8 +445,8 @@ class Http2Connection(Http2Sender, asyncio.Protocol):
             self._send_reset(stream_id, f.PROTOCOL_ERROR)
             self._peer_caused_reset()
             return
-        except HeadersTooLarge as error:
-            self.on_oversized_request(stream_id, end_stream, error.size)
+        except HeadersTooLarge as too_large:  # (its own name: compiled, one name holds one type)
+            self.on_oversized_request(stream_id, end_stream, too_large.size)
             return
         if limit is not None and len(self.streams) >= limit:
             self._send_reset(stream_id, f.REFUSED_STREAM)

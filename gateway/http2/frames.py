@@ -19,7 +19,7 @@ FRAME_HEADER_SIZE = FRAME_HEADER.size
 # The same nine bytes packed from three values: the 24-bit length and the type as one 32-bit
 # word (`length << 8 | type`), the flags, the stream id. Two fewer values to pack, and no
 # splitting of the length, for the one frame packed per relayed message (DATA is type 0).
-FRAME_HEADER_WORDS = struct.Struct(">LBL")
+FRAME_HEADER_WORDS: struct.Struct = struct.Struct(">LBL")
 
 # Frame types.
 DATA = 0x0

@@ -68,7 +68,7 @@ class Decoder(hpack.Decoder):
         self._max_allowed_table_size = size
         self._plain_blocks.clear()
 
-    def decode(self, data: bytes, raw: bool = False) -> list[tuple[bytes, bytes]]:
+    def decode(self, data: bytes, raw: bool = False) -> list[tuple[bytes, bytes]]:  # type: ignore[override]
         self.verdicts = None
         if raw:
             plain = self._plain_blocks.get(data)
@@ -90,7 +90,7 @@ class Decoder(hpack.Decoder):
                 self.verdicts = verdicts
                 return headers.copy()  # (the caller's to keep)
         self._plain_blocks.clear()  # whatever the block does to the dynamic table
-        return super().decode(data, raw)
+        return super().decode(data, raw)  # type: ignore[return-value]
 
     def _decode_plain(self, data: bytes) -> tuple[list[tuple[bytes, bytes]], int] | None:
         """The fields and the header list's size, if the block is only one-byte indexes and plain

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from typing import ClassVar
+
+from mypy_extensions import mypyc_attr
 
 from gateway.http2 import frames as f
 from gateway.http2.stream import Stream
@@ -21,10 +24,13 @@ _FRAME_HEADER_PACK = f.FRAME_HEADER_WORDS.pack
 DYNAMIC_TABLE_SIZE_ZERO = b"\x20"  # HPACK "dynamic table size update" to 0 (RFC 7541 section 6.3)
 
 
+# Http2Connection, its compiled subclass, is subclassed in Python too (gateway/compiled.py).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Http2Sender:
     """Streams and output of one connection (see the module docstring). Subclasses set `is_client`."""
 
-    is_client = False
+    # Class-level (ClassVar): a compiled base reads a Python subclass's value only through the class.
+    is_client: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Protocol
+from collections.abc import Callable
+from typing import ClassVar, Protocol
+
+from mypy_extensions import mypyc_attr
+
+from gateway.http2 import frames as f
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -16,19 +21,24 @@ class StreamConnection(Protocol):
     imports it."""
 
     peer_initial_window: int  # the send window a new stream starts with (the peer's SETTINGS)
-    is_client: bool
+    is_client: ClassVar[bool]
     is_closed: bool
     last_read_at: float  # time.perf_counter() when the connection's latest bytes arrived
+    streams: dict[int, Stream]  # the open streams by id
 
     def send_headers(self, stream: Stream, block: bytes, end_stream: bool = False) -> None: ...
 
     def send_data(self, stream: Stream, data: bytes, end_stream: bool = False) -> None: ...
 
-    def reset_stream(self, stream: Stream, error_code: int = ...) -> None: ...
+    def reset_stream(self, stream: Stream, error_code: int = f.CANCEL) -> None: ...
+
+    def after_read(self, callback: Callable[[], None]) -> None: ...
 
     def release(self, stream: Stream, num_bytes: int) -> None: ...
 
 
+# Owners subclass it in Python too (the tests' streams) when this module runs compiled (gateway/compiled.py).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Stream:
     """One stream; the connection calls `on_headers`, `on_data` and `on_reset` as frames arrive.
 
@@ -40,10 +50,11 @@ class Stream:
     the message's content-length still expects (None without one).
     """
 
-    auto_credit = True  # return flow-control credit on receipt; False: the owner calls `release`
+    # Per-class settings are ClassVars: a compiled Stream reads a Python subclass's through its class.
+    auto_credit: ClassVar[bool] = True  # return flow-control credit on receipt; False: the owner calls `release`
     # `on_sent` comes once at least this many bytes left since the last one: a relaying owner that
     # returns credit in steps sets its step here, so a relayed message costs no call of its own.
-    sent_step = 1
+    sent_step: ClassVar[int] = 1
 
     __slots__ = (
         "_recv_unacked",
