@@ -36,10 +36,12 @@ COPY README.md ./
 COPY dpgate ./dpgate
 COPY gateway ./gateway
 COPY engines ./engines
-# -P: import the installed packages, not /src. The kernels are compiled here, and the default
+# -P: import the installed packages, not /src. The kernels are compiled here, the gateway's data
+# path by mypyc (gateway/compiled.py; mypy is a build tool, removed after), and the default
 # model's tokenizer converted from its GGUF once (engines/model/tokenizer.py keeps it in the cache too).
 RUN pip install --no-deps . \
     && python -P -m engines.kernels \
+    && pip install "mypy==2.4.1" && python -P -m gateway.mypyc_build && pip uninstall -y mypy \
     && python -P -c "from engines.model.source import DEFAULT_MODEL, resolve_model; \
 from engines.model.tokenizer import load_tokenizer; load_tokenizer(resolve_model(DEFAULT_MODEL))"
 

@@ -16,6 +16,10 @@ install() {
     install_packages
     # The batch-invariant kernels (engines/kernels): compiled once per source change, a no-op after.
     "$VENV/bin/python" -m engines.kernels >/dev/null
+    # The gateway's data path compiled by mypyc (gateway/compiled.py), likewise once per source
+    # change; where it cannot be built the gateway runs the same modules as Python, so no failure.
+    "$VENV/bin/python" -m gateway.mypyc_build >/dev/null \
+        || echo "dev.sh: the gateway's data path will run as Python (the reason is above)" >&2
 }
 
 install_packages() {

@@ -17,6 +17,7 @@ import sys
 from dpgate.config_file import attribute
 from dpgate.engine_token import EngineTokenError, read_engine_token
 from dpgate.logs import add_log_format_argument, configure_logging
+from gateway import compiled
 from gateway.config import (
     TLS_KEY_PASSWORD_ENV,
     ConfigError,
@@ -254,6 +255,7 @@ async def serve(config: GatewayConfig) -> None:
     http = f", OpenAI HTTP API on http://{config.host}:{gateway.http_port}" if gateway.http_port is not None else ""
     print(f"dpgate gateway listening on {config.host}:{port}{metrics}{http}", flush=True)
     logger.info("forwarding to %s with policy %s", ", ".join(config.engines + config.engine_dns), config.policy)
+    logger.info("data path %s", compiled.status())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
