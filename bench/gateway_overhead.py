@@ -41,17 +41,20 @@ from grpc import aio
 from results import add_json_argument
 
 from dpgate.v1 import generate_pb2
+from gateway import compiled
 
 ROOT = Path(__file__).resolve().parent.parent
 GENERATE = "/dpgate.v1.InferenceService/Generate"
 GENERATE_STREAM = "/dpgate.v1.InferenceService/GenerateStream"
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 ENVOY = "Envoy 1.40, one worker (peer)"
+INTERPRETED = "dpgate gateway, data path as Python"
 ROLES = {
     "direct": "direct",
     "bare grpc.aio proxy (peer)": "peer",
     ENVOY: "envoy",
     "dpgate gateway": "dpgate",
+    INTERPRETED: "dpgate-interpreted",
 }
 
 
@@ -80,11 +83,13 @@ def start_process(args: list[str], marker: str, root: Path = ROOT) -> tuple[subp
     return process, line.split(marker, 1)[1].split()[0].rstrip(",")
 
 
-def start_process_line(args: list[str], marker: str, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
+def start_process_line(
+    args: list[str], marker: str, root: Path = ROOT, extra_env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
     """`start_process`, returning the child's whole first line. The child runs in `root` as well as
     importing from it: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH,
     so a --baseline gateway started from this checkout's directory ran this checkout's code."""
-    env = dict(os.environ, PYTHONPATH=str(root))
+    env = dict(os.environ, PYTHONPATH=str(root), **(extra_env or {}))
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=root)
     assert process.stdout is not None
     line = process.stdout.readline()
@@ -94,11 +99,13 @@ def start_process_line(args: list[str], marker: str, root: Path = ROOT) -> tuple
     return process, line
 
 
-def start_gateway(engine_address: str, root: Path = ROOT) -> tuple[subprocess.Popen, str, str | None]:
+def start_gateway(
+    engine_address: str, root: Path = ROOT, extra_env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str, str | None]:
     """A dpgate gateway of the checkout `root` with its metrics on a port of its own choosing:
     the process, its address and its metrics address (None where the line does not say one)."""
     command = [sys.executable, "-m", "dpgate.cli", "gateway", "--port", "0", "--metrics-port", "0"]
-    process, line = start_process_line([*command, "--engine", engine_address], "listening on ", root)
+    process, line = start_process_line([*command, "--engine", engine_address], "listening on ", root, extra_env)
     address = line.split("listening on ", 1)[1].split()[0].rstrip(",")
     metrics = line.split("metrics on ", 1)[1].split()[0].rstrip(",") if "metrics on " in line else None
     return process, address, metrics
@@ -252,6 +259,7 @@ def report(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
           f"median of {args.repeats} interleaved rounds; "
           f"{os.cpu_count()} CPUs shared by client, engine and proxy, on a busy machine")  # fmt: skip
     print(describe_machine(with_torch=False))
+    print(f"dpgate gateway's data path: {compiled.status()}")
     direct = targets["direct"]
     for name, results in targets.items():
         print(f"\n{name}")
@@ -270,6 +278,8 @@ def report(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
                 print(line)
     if ENVOY in targets:
         print_against(targets, ENVOY, "Envoy", args)
+    if INTERPRETED in targets:
+        print_against(targets, INTERPRETED, "Python", args)
     for name in targets:
         if ROLES.get(name) is None:  # a --baseline checkout's gateway
             print_against(targets, name, "before", args)
@@ -390,6 +400,9 @@ def main() -> int:
     parser.add_argument("--baseline", metavar="CHECKOUT", type=Path,
                         help="also run the gateway of another checkout of dpgate as one more target in the same "
                         "rounds (a git worktree of the commit before a change)")  # fmt: skip
+    parser.add_argument("--interpreted", action="store_true",
+                        help="also run this checkout's gateway with its data path as Python "
+                        f"({compiled.INTERPRETED_ENV}=1): what the mypyc build buys")  # fmt: skip
     parser.add_argument("--bare-proxy", metavar="ENGINE", help=argparse.SUPPRESS)  # internal: run the floor
     add_json_argument(parser)
     args = parser.parse_args()
@@ -427,6 +440,13 @@ def main() -> int:
             started.append(before)
             addresses[name] = (before_address, before.pid)
             metrics_addresses[name] = before_metrics
+        if args.interpreted:
+            python_form, python_address, python_metrics = start_gateway(
+                engine_address, extra_env={compiled.INTERPRETED_ENV: "1"}
+            )
+            started.append(python_form)
+            addresses[INTERPRETED] = (python_address, python_form.pid)
+            metrics_addresses[INTERPRETED] = python_metrics
         import uvloop
 
         rounds: dict[str, list[list[Result]]] = {name: [] for name in addresses}
