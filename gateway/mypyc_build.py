@@ -71,8 +71,9 @@ def _imported_modules(source: str) -> Iterator[str]:
 
 
 def project_dependencies(root: Path = PROJECT_ROOT) -> list[str]:
-    """The project modules the compiled ones import, directly or not, and their packages'
-    `__init__` files, as paths relative to `root` (the compiled modules themselves excluded)."""
+    """The project modules the compiled ones import, directly or not, their packages' `__init__`
+    files and their type stubs, as paths relative to `root` (the compiled modules themselves
+    excluded)."""
     seen: set[str] = set()
     pending = list(COMPILED_MODULES)
     while pending:
@@ -86,7 +87,8 @@ def project_dependencies(root: Path = PROJECT_ROOT) -> list[str]:
             if name.split(".")[0] in PROJECT_PACKAGES and _module_exists(name, root):
                 pending.append(name)
     files = {_module_file(module, root) for module in seen - set(COMPILED_MODULES)}
-    return sorted(str(path.relative_to(root)) for path in files)
+    stubs = {path.with_suffix(".pyi") for path in files if path.with_suffix(".pyi").is_file()}  # (dpgate/v1's)
+    return sorted(str(path.relative_to(root)) for path in files | stubs)
 
 
 @contextlib.contextmanager
@@ -159,7 +161,15 @@ def build(verbose: bool = False, root: Path = PROJECT_ROOT) -> Path:
         dependencies = {relative: file_digest(root / relative) for relative in project_dependencies(root)}
         with tempfile.TemporaryDirectory(dir=builds_dir()) as work_name:
             work = Path(work_name)
-            extensions = _compile(work, root, verbose)
+            # mypy reads a copy of the modules it needs: where they are installed (the container's
+            # site-packages) it would take the whole directory for the project and refuse the
+            # other packages there as shadowing the ones it ships.
+            sources = work / "src"
+            compiled_files = [str(module_path(module, root).relative_to(root)) for module in COMPILED_MODULES]
+            for relative in [*compiled_files, *dependencies]:
+                (sources / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(root / relative, sources / relative)
+            extensions = _compile(work, sources, verbose)
             # The extension files and the manifest move in as one directory: a reader sees a whole
             # build or none.
             staged = work / "build"
