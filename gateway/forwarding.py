@@ -90,7 +90,8 @@ class Forwarder:
         self._durations: dict[str, HistogramValue] = {}
         self._added: dict[str, HistogramValue] = {}  # dpgate_gateway_added_latency_seconds, by rpc
         # Calls ended in this loop iteration, accounted for at its end (see call_ended).
-        self._ended: list[tuple[str, grpc.StatusCode, int | None, float, float, str]] = []
+        # (rpc, code, rank, start, end, request id, added_from)
+        self._ended: list[tuple[str, grpc.StatusCode, int | None, float, float, str, float | None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop calls end on, once seen
         if config.max_in_flight is not None:
             self._full_message = f"gateway is at its limit of {config.max_in_flight} calls in flight"
