@@ -49,6 +49,11 @@ COMPILED_MODULES = (
     "gateway.metadata",
     "gateway.status_table",
     "gateway.forwarded_call",
+    "gateway.openai.errors",
+    "gateway.openai.fields",
+    "gateway.openai.generation_fields",
+    "gateway.openai.translate",
+    "gateway.openai.responses",
 )
 GROUP_NAME = "dpgate_gateway"  # mypyc's shared library for the group: `dpgate_gateway__mypyc`
 MANIFEST_NAME = "manifest.json"
