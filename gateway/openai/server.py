@@ -38,6 +38,7 @@ from gateway.grpc_wire import format_timeout
 from gateway.metadata import RANK_BIN_KEY, RANK_KEY
 from gateway.openai import responses
 from gateway.openai.bridge import EngineCall
+from gateway.openai.connection_limit import RefusedConnection
 from gateway.openai.errors import HttpError, RequestError, error, error_for_request, error_for_status
 from gateway.openai.streaming import stream_choices
 from gateway.openai.translate import Plan, chat_plan, completion_plan
@@ -57,23 +58,6 @@ def error_response(answer: HttpError, request_id: str | None = None) -> web.Resp
     if request_id is not None:
         headers[REQUEST_ID_KEY] = request_id
     return json_response(answer.body(), answer.status, headers)
-
-
-class _Refused(asyncio.Protocol):
-    """A connection past the limit: one 503 and close (the client can read why)."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        answer = error(503, f"the gateway is at its limit of {self._limit} HTTP connections", "server_error")
-        body = json.dumps(answer.body()).encode()
-        head = (
-            "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
-        )
-        transport.write(head.encode() + body)  # type: ignore[attr-defined]  (uvloop's TCP transport)
-        transport.close()
 
 
 class OpenAIServer:
@@ -117,7 +101,7 @@ class OpenAIServer:
         limit = config.http_max_connections
 
         def protocol() -> asyncio.Protocol:
-            return factory() if len(factory.connections) < limit else _Refused(limit)
+            return factory() if len(factory.connections) < limit else RefusedConnection(limit)
 
         loop = self._loop = asyncio.get_running_loop()
         host = config.host.strip("[]")
