@@ -54,6 +54,8 @@ COMPILED_MODULES = (
     "gateway.openai.generation_fields",
     "gateway.openai.translate",
     "gateway.openai.responses",
+    "gateway.openai.bridge",
+    "gateway.openai.server",
 )
 GROUP_NAME = "dpgate_gateway"  # mypyc's shared library for the group: `dpgate_gateway__mypyc`
 MANIFEST_NAME = "manifest.json"

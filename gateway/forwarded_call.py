@@ -129,6 +129,15 @@ class RelayedCall(Protocol):
     def finish(self, trailers: bytes) -> None: ...
 
 
+class OpenedCall(RelayedCall, Protocol):
+    """A call as the forwarder admits it (`Forwarder.open_call`): a relayed call, its request
+    headers, and the front door's way to refuse it before it is relayed."""
+
+    headers: Headers
+
+    def refuse(self, code: grpc.StatusCode, message: str) -> None: ...
+
+
 class ForwardedCall:
     """One dpgate.v1 call relayed to one engine (see the module docstring)."""
 

@@ -26,7 +26,7 @@ from gateway.config import GatewayConfig
 from gateway.engine_client import CONTROL_SERVICE, INFERENCE_SERVICE, EngineClient
 from gateway.engine_pool import EnginePool
 from gateway.errors import InvalidArgument
-from gateway.forwarded_call import ForwardedCall
+from gateway.forwarded_call import ForwardedCall, OpenedCall
 from gateway.front_door import ServerCall
 from gateway.grpc_wire import status_trailers
 from gateway.health_state import Blame, CallEvent
@@ -98,12 +98,14 @@ class Forwarder:
 
     # --- admission ----------------------------------------------------------------------------
 
-    def open_call(self, call: ServerCall, end_stream: bool) -> None:
+    def open_call(self, call: OpenedCall, end_stream: bool) -> None:
         headers = CallHeaders(call.headers)
         path = headers.path
         if not path.startswith(_DPGATE_PREFIX):  # health, reflection: the gateway's own services
             if self._accepted_keys and path != HEALTH_CHECK and not self._is_authorized(headers):
                 call.refuse(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
+            elif not isinstance(call, ServerCall):  # the HTTP API asks for dpgate.v1 methods only
+                call.refuse(grpc.StatusCode.UNIMPLEMENTED, f"{path.decode(errors='replace')} is not a dpgate.v1 method")
             else:
                 PassThroughCall(self, call, headers, end_stream)
             return
@@ -168,7 +170,7 @@ class Forwarder:
         matches = [hmac.compare_digest(offered, accepted) for accepted in self._accepted_keys]
         return any(matches)
 
-    def _refuse(self, call: ServerCall, path: bytes, request_id: str, code: grpc.StatusCode, message: str) -> None:
+    def _refuse(self, call: OpenedCall, path: bytes, request_id: str, code: grpc.StatusCode, message: str) -> None:
         """End a dpgate.v1 call at the front door (trailers-only, with its id), counted and logged like any call."""
         call.finish(status_trailers(code, message, request_id_field(request_id)))
         method = DPGATE_METHODS.get(path)

@@ -21,11 +21,12 @@ import asyncio
 import struct
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
 
+from gateway.front_door import CallHandler
 from gateway.grpc_wire import MESSAGE_PREFIX_SIZE, ResponseStatus, frame_message, status_trailers
 from gateway.http2.connection import Headers
 from gateway.http2.header_codec import Decoder
@@ -44,7 +45,7 @@ class CallOpener(Protocol):
 
 
 class EngineCall:
-    """One dpgate.v1 call made for an HTTP request; `messages()` yields its response payloads.
+    """One dpgate.v1 call made for an HTTP request; `next_message()` reads its response payloads.
 
     The attributes and methods up to `refuse` are the part of `ServerCall` the forwarder and the
     relay use; nothing else of it is touched.
@@ -58,7 +59,7 @@ class EngineCall:
     def __init__(self, headers: Headers, peer: str = "", loop: asyncio.AbstractEventLoop | None = None) -> None:
         self.headers = headers
         self.peer = peer  # the HTTP client's address: its calls count toward --max-in-flight-per-peer
-        self.handler = None  # set by the forwarder when it admits the call
+        self.handler: CallHandler | None = None  # set by the forwarder when it admits the call
         self.is_response_started = False
         self.is_finished = False
         self.received_at = 0.0  # time.perf_counter() when the request message was handed over (`start`)
@@ -67,7 +68,7 @@ class EngineCall:
         self.loop = loop or asyncio.get_running_loop()
         self._after_start: list[Callable[[], None]] = []
         self._buffer = b""
-        # Response payloads (with their relayed size) for `messages()`, None at the end: a queue
+        # Response payloads (with their relayed size) for `next_message()`, None at the end: a queue
         # with one reader, woken through a future of the call's loop (asyncio.Queue asks for
         # the running loop, a getpid system call, each time its reader waits).
         self._items: deque[tuple[bytes, int] | None] = deque()
@@ -130,23 +131,33 @@ class EngineCall:
         for callback in callbacks:
             callback()
 
-    async def messages(self) -> AsyncIterator[bytes]:
-        """Each response message's payload, in order, until the call ends (then see `status`)."""
-        while True:
-            while not self._items:
-                self._waiter = self.loop.create_future()
-                await self._waiter
-            item = self._items.popleft()
-            if item is None:
-                return
-            payload, num_bytes = item
-            if self.handler is not None:
-                self.handler.on_response_sent(num_bytes)
-            yield payload
+    async def next_message(self) -> bytes | None:
+        """The next response message's payload, or None once the call has ended (then see `status`).
+
+        A coroutine rather than an async generator, so this module compiles with the data path
+        (mypyc has no async generators) and a unary answer costs no generator per call."""
+        while not self._items:
+            self._waiter = self.loop.create_future()
+            await self._waiter
+        item = self._items.popleft()
+        if item is None:
+            self._items.append(None)  # the end stays the end for any later read
+            return None
+        payload, num_bytes = item
+        if self.handler is not None:
+            self.handler.on_response_sent(num_bytes)
+        return payload
+
+    async def collect(self) -> list[bytes]:
+        """Every response message's payload, once the call has ended (a unary answer)."""
+        payloads = []
+        while (payload := await self.next_message()) is not None:
+            payloads.append(payload)
+        return payloads
 
     @property
     def status(self) -> ResponseStatus:
-        """How the call ended; only once `messages()` is exhausted."""
+        """How the call ended; only once `next_message()` has returned None."""
         assert self._status is not None, "the call has not ended"
         return self._status
 

@@ -3,7 +3,7 @@
 Unary: `chat_completion` builds a `chat.completion` from one ChatResponse per choice,
 `text_completion` a `text_completion` from GenerateResponses. Streamed: a `ChatChunks` or
 `CompletionChunks` per choice turns each stream message into the chunk dicts to send, and
-`usage` sums what the finishes said.
+`usage` sums what the finishes said. `json_bytes` is the text every answer and event is sent as.
 
 Tokens in logprobs are the text and bytes the engine sends beside each id (the gateway holds no
 tokenizer of its own). An engine too old to send them leaves both empty; the token is then written
@@ -16,6 +16,7 @@ made-up 0.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,16 @@ _FINISH_REASONS = {
 }
 _CACHED_FIELD = "num_cached_prompt_tokens"
 HAS_CACHED_TOKENS = _CACHED_FIELD in generate_pb2.FinishInfo.DESCRIPTOR.fields_by_name
+
+
+# Compact, and UTF-8 as it is (no \u escapes). One encoder for every answer: json.dumps with
+# options builds a new JSONEncoder each call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
+def json_bytes(body: Any) -> bytes:
+    """An answer's JSON text, encoded as it goes out."""
+    return _ENCODER.encode(body).encode()
 
 
 Entry = generate_pb2.TokenLogprob | generate_pb2.TopLogprob

@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API: aiohttp on the gateway's loop, every call through the forwarder.
+"""The OpenAI-compatible HTTP API: aiohttp's low-level server on the gateway's loop, every call
+through the forwarder.
 
 Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health.
 A request body is translated (gateway/openai/translate.py) into one dpgate.v1 request per choice,
@@ -13,6 +14,11 @@ names, no engine) is still an HTTP error status; a failure after that is an `err
 A client that disconnects cancels the request handler (aiohttp's handler cancellation), which
 cancels every choice's call: the relay resets the engine's stream and the engine frees the KV.
 
+Dispatch is a table of path and method (`_routes`), not aiohttp's Application: its router and
+middleware chain cost a small request a fifth of its CPU (docs/gateway.md). This module is
+compiled with the data path (gateway/compiled.py). An unknown path is a 404 naming the endpoints,
+a wrong method a 405 with `Allow`, both OpenAI error objects.
+
 Limits (flags): request body size, request line and header field size, open connections (one
 more is answered 503 and closed) and keep-alive idle time.
 """
@@ -23,7 +29,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -46,11 +52,17 @@ from gateway.openai.translate import Plan, chat_plan, completion_plan
 logger = logging.getLogger("dpgate.gateway.http")
 TIMEOUT_HEADER = "x-request-timeout"
 HTTP_UNAUTHENTICATED_MESSAGE = UNAUTHENTICATED_MESSAGE.replace("metadata", "header")
+Route = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
-    return web.Response(text=text, status=status, content_type="application/json", headers=headers)
+    return web.Response(
+        body=responses.json_bytes(body),
+        status=status,
+        content_type="application/json",
+        charset="utf-8",
+        headers=headers,
+    )
 
 
 def error_response(answer: HttpError, request_id: str | None = None) -> web.Response:
@@ -71,39 +83,51 @@ class OpenAIServer:
         self._config = config
         self._is_ready = is_ready
         self._started = int(time.time())
-        self._runner: web.AppRunner | None = None
-        self._server: asyncio.Server | None = None
+        self._runner: web.ServerRunner | None = None
+        # uvloop's Server is no asyncio.Server (and its `sockets` a list, not the tuple typeshed
+        # says): compiled, a declared class is checked at run time, so it is held as Any.
+        self._server: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it serves on, once started
         self.port = 0
+        self._endpoints = self._routes()
 
-    def _app(self) -> web.Application:
-        app = web.Application(client_max_size=self._config.http_max_body_bytes, middlewares=[self._errors])
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_get("/health", self._health)
-        return app
+    def _routes(self) -> dict[str, dict[str, Route]]:
+        """Each path's handler by method (a GET answers HEAD too, as an HTTP server should)."""
+        return {
+            "/v1/chat/completions": {"POST": self._chat},
+            "/v1/completions": {"POST": self._completions},
+            "/v1/models": {"GET": self._models, "HEAD": self._models},
+            "/health": {"GET": self._health, "HEAD": self._health},
+        }
+
+    def _request(self, message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> web.BaseRequest:
+        """aiohttp's low-level request, with the gateway's body limit (`--http-max-body-bytes`).
+        The arguments are aiohttp's own objects, passed through untouched (typed Any: compiled,
+        a declared type is checked at run time, and aiohttp's C parser makes some of them)."""
+        assert self._loop is not None
+        limit = self._config.http_max_body_bytes
+        return web.BaseRequest(message, payload, protocol, writer, task, self._loop, client_max_size=limit)
 
     async def start(self) -> int:
         config = self._config
-        runner = web.AppRunner(
-            self._app(),
-            access_log=None,  # the forwarder logs each call with its x-request-id
+        loop = self._loop = asyncio.get_running_loop()
+        factory = web.Server(
+            self._handle,
+            request_factory=self._request,
             handler_cancellation=True,
+            access_log=None,  # the forwarder logs each call with its x-request-id
             keepalive_timeout=config.http_idle_timeout_s,
             max_line_size=config.http_max_header_bytes,
             max_field_size=config.http_max_header_bytes,
         )
+        runner = web.ServerRunner(factory)
         await runner.setup()
         self._runner = runner
-        factory = runner.server
-        assert factory is not None
         limit = config.http_max_connections
 
         def protocol() -> asyncio.Protocol:
             return factory() if len(factory.connections) < limit else RefusedConnection(limit)
 
-        loop = self._loop = asyncio.get_running_loop()
         host = config.host.strip("[]")
         self._server = await loop.create_server(protocol, host, config.http_port, reuse_address=True, backlog=1024)
         self.port = self._server.sockets[0].getsockname()[1]
@@ -116,12 +140,22 @@ class OpenAIServer:
             await self._runner.shutdown()
             await self._runner.cleanup()
 
-    # --- middleware: every error is an OpenAI error object ------------------------------------
+    # --- dispatch: every error is an OpenAI error object ---------------------------------------
 
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        """Answer one request: its endpoint by path and method, every error an OpenAI error object."""
+        methods = self._endpoints.get(request.path)
+        if methods is None:
+            known = ", ".join(self._endpoints)
+            return error_response(error(404, f"{request.path} is not an endpoint of this gateway (it serves {known})"))
+        endpoint = methods.get(request.method)
+        if endpoint is None:
+            allowed = ", ".join(methods)
+            answer = error_response(error(405, f"{request.path} takes {allowed}, not {request.method}"))
+            answer.headers["Allow"] = allowed
+            return answer
         try:
-            return await handler(request)
+            return await endpoint(request)
         except web.HTTPRequestEntityTooLarge:
             limit = self._config.http_max_body_bytes
             return error_response(error(413, f"the request body is larger than the gateway's limit of {limit} bytes"))
@@ -132,12 +166,12 @@ class OpenAIServer:
 
     # --- endpoints ----------------------------------------------------------------------------
 
-    async def _health(self, request: web.Request) -> web.Response:
+    async def _health(self, request: web.BaseRequest) -> web.Response:
         if self._is_ready():
             return json_response({"status": "ok"})
         return error_response(error(503, "no engine is ready", "server_error", "unavailable"))
 
-    async def _models(self, request: web.Request) -> web.Response:
+    async def _models(self, request: web.BaseRequest) -> web.Response:
         refusal = self._check_key(request)
         if refusal is not None:
             return refusal
@@ -145,13 +179,13 @@ class OpenAIServer:
         data = [{"id": name, "object": "model", "created": self._started, "owned_by": "dpgate"} for name in names]
         return json_response({"object": "list", "data": data})
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._serve(request, chat_plan, "chat")
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _completions(self, request: web.BaseRequest) -> web.StreamResponse:
         return await self._serve(request, completion_plan, "completion")
 
-    async def _serve(self, request: web.Request, make_plan: Callable[[Any], Plan], kind: str) -> web.StreamResponse:
+    async def _serve(self, request: web.BaseRequest, make_plan: Callable[[Any], Plan], kind: str) -> web.StreamResponse:
         request_id, _ = resolve_request_id(request.headers.getall(REQUEST_ID_KEY, []))
         refusal = self._check_key(request)
         if refusal is not None:
@@ -183,7 +217,7 @@ class OpenAIServer:
         answer_type = generate_pb2.ChatResponse if kind == "chat" else generate_pb2.GenerateResponse
         answers: list[Any] = []
         for call in calls:  # all run at once; awaiting them in order is enough
-            payloads = [payload async for payload in call.messages()]
+            payloads = await call.collect()
             status = call.status
             if status.code is not grpc.StatusCode.OK:
                 return error_response(error_for_status(status.code, status.message), request_id)
@@ -196,7 +230,7 @@ class OpenAIServer:
 
     # --- request reading ----------------------------------------------------------------------
 
-    def _check_key(self, request: web.Request) -> web.Response | None:
+    def _check_key(self, request: web.BaseRequest) -> web.Response | None:
         forwarder = self._forwarder
         if not forwarder.requires_api_key:
             return None
@@ -206,7 +240,7 @@ class OpenAIServer:
         return error_response(error(401, HTTP_UNAUTHENTICATED_MESSAGE, "authentication_error", "invalid_api_key"))
 
     @staticmethod
-    async def _read_json(request: web.Request) -> Any:
+    async def _read_json(request: web.BaseRequest) -> Any:
         raw = await request.read()
         try:
             return json.loads(raw)
@@ -214,7 +248,7 @@ class OpenAIServer:
             raise RequestError("the request body is not valid JSON") from None
 
     @staticmethod
-    def _call_headers(request: web.Request, plan: Plan, request_id: str) -> list[tuple[bytes, bytes]]:
+    def _call_headers(request: web.BaseRequest, plan: Plan, request_id: str) -> list[tuple[bytes, bytes]]:
         """What a gRPC client would have sent: the front door reads these exactly as it reads theirs."""
         headers = [(b":path", plan.path), (REQUEST_ID_KEY.encode(), request_id.encode())]
         for name in ("Authorization", RANK_KEY, RANK_BIN_KEY):

@@ -11,7 +11,6 @@ After the 200, a call that fails sends one `data: {"error": ...}` event and the 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import grpc
@@ -30,17 +29,17 @@ _ENDED = object()
 
 
 def event(body: Any) -> bytes:
-    return b"data: " + json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + responses.json_bytes(body) + b"\n\n"
 
 
 async def _read(index: int, call: EngineCall, queue: asyncio.Queue) -> None:
-    async for payload in call.messages():
+    while (payload := await call.next_message()) is not None:
         await queue.put((index, payload))
     await queue.put((index, _ENDED))
 
 
 async def stream_choices(
-    request: web.Request, calls: list[EngineCall], plan: Plan, kind: str, request_id: str, model: str
+    request: web.BaseRequest, calls: list[EngineCall], plan: Plan, kind: str, request_id: str, model: str
 ) -> web.StreamResponse:
     chunk_type = responses.ChatChunks if kind == "chat" else responses.CompletionChunks
     choices = [chunk_type(index, plan.logprobs) for index in range(len(calls))]

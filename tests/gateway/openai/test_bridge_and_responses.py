@@ -9,11 +9,16 @@ import asyncio
 import grpc
 
 from dpgate.v1 import generate_pb2 as pb
+from gateway.config import GatewayConfig
+from gateway.engine_pool import EnginePool
+from gateway.forwarding import Forwarder
 from gateway.grpc_wire import frame_message, status_trailers
 from gateway.metadata import RANK_ERROR_MESSAGE
+from gateway.metrics import GatewayMetrics
 from gateway.openai import responses
 from gateway.openai.bridge import EngineCall
 from gateway.openai.errors import error_for_status
+from gateway.routing.policies import make_policy
 
 
 class Handler:
@@ -45,7 +50,7 @@ class Opener:
 
 
 async def drain(call: EngineCall) -> list[bytes]:
-    return [payload async for payload in call.messages()]
+    return await call.collect()
 
 
 def test_messages_cut_anywhere_are_reassembled_and_the_window_comes_back_per_message():
@@ -155,3 +160,29 @@ def test_a_streamed_completion_counts_its_tokens_for_continuous_usage():
     chunks.feed(pb.GenerateStreamResponse(prompt_info=pb.PromptInfo(prompt_token_ids=[1, 2, 3])).SerializeToString())
     chunks.feed(pb.GenerateStreamResponse(delta=pb.Delta(text="ab", token_ids=[4, 5])).SerializeToString())
     assert chunks.usage_so_far() == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+
+
+def test_the_end_of_a_call_stays_the_end():
+    async def run() -> None:
+        call = EngineCall([])
+        call.start(Opener(refuse=True), b"")
+        assert await call.next_message() is None
+        assert await call.next_message() is None  # a second reader (or a late one) sees the end too
+
+    asyncio.run(run())
+
+
+def test_the_forwarder_refuses_an_http_call_for_a_method_outside_dpgate_v1():
+    """Only a gRPC client's call is relayed to the gateway's own services (health, reflection)."""
+
+    async def run() -> None:
+        config = GatewayConfig(engines=("127.0.0.1:1",))
+        metrics = GatewayMetrics()
+        forwarder = Forwarder(EnginePool(config, metrics), make_policy(config.policy), metrics, config)
+        call = EngineCall([(b":path", b"/grpc.health.v1.Health/Check")])
+        call.start(forwarder, b"")
+        assert await call.collect() == []
+        assert call.status.code is grpc.StatusCode.UNIMPLEMENTED
+        assert "/grpc.health.v1.Health/Check is not a dpgate.v1 method" in call.status.message
+
+    asyncio.run(run())

@@ -1,6 +1,7 @@
 """The HTTP front door's limits and plumbing, over sockets, on the synthetic engine (no model):
 body and message size (413), connections (503 past the limit), an unknown path (404 as an OpenAI
-error), invalid JSON (400), /health, the request id echoed, and the access line of each call."""
+error; a wrong method 405 with Allow), invalid JSON (400), /health (GET and HEAD), the request id
+echoed, and the access line of each call."""
 
 from __future__ import annotations
 
@@ -81,6 +82,23 @@ def test_invalid_json_and_unknown_paths_are_openai_errors(gateway):
     assert status == 400 and body["error"]["message"] == "the request body is not valid JSON"
     status, _, body = post(gateway.http_port, "/v1/embeddings", b"{}")
     assert status == 404 and body["error"]["type"] == "invalid_request_error"
+    assert "/v1/embeddings" in body["error"]["message"] and "/v1/chat/completions" in body["error"]["message"]
+
+
+def test_a_wrong_method_is_a_405_naming_the_allowed_ones(gateway):
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.http_port, timeout=10)
+    try:
+        connection.request("GET", "/v1/completions")
+        answer = connection.getresponse()
+        body = json.loads(answer.read())
+        assert answer.status == 405 and answer.getheader("Allow") == "POST"
+        assert body["error"]["type"] == "invalid_request_error" and "POST" in body["error"]["message"]
+        connection.request("DELETE", "/health")
+        answer = connection.getresponse()
+        answer.read()
+        assert answer.status == 405 and answer.getheader("Allow") == "GET, HEAD"
+    finally:
+        connection.close()
 
 
 def test_a_bad_request_timeout_header_is_a_400_naming_it(gateway):
@@ -93,7 +111,11 @@ def test_a_bad_request_timeout_header_is_a_400_naming_it(gateway):
 def test_health_and_models(gateway):
     connection = http.client.HTTPConnection("127.0.0.1", gateway.http_port, timeout=10)
     connection.request("GET", "/health")
-    assert connection.getresponse().status == 200
+    answer = connection.getresponse()
+    assert answer.status == 200 and json.loads(answer.read()) == {"status": "ok"}
+    connection.request("HEAD", "/health")  # a GET endpoint answers HEAD: the status, no body
+    answer = connection.getresponse()
+    assert answer.status == 200 and answer.read() == b""
     connection.close()
 
 
