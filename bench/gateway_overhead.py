@@ -12,9 +12,11 @@ process, for each target:
   core could relay: on a small machine client, engine and proxy share the cores, so the
   wall-clock rate understates what a gateway host would do.
 The client sends pre-serialized requests and reads raw bytes, so its own cost is small and the
-same for every target. One run on a shared machine moves by up to 2x, so the targets are measured
-in turn, `--repeats` times (each round in a rotated order, so none always runs first or last), and
-every figure is the median of its rounds; each round's figures are kept in the JSON.
+same for every target. One run on a shared machine moves by up to 2x, so each figure is the median
+of `--repeats` rounds (each round's figures are kept in the JSON). Within a round the calls at
+concurrency 1 go to the targets in turn, one call each (the machine's drift over seconds then
+falls on all of them alike), and the throughput runs follow one target at a time, in an order
+rotated each round so none always runs first or last.
 
     python bench/gateway_overhead.py                 # the figures in docs/performance.md (a few minutes)
     python bench/gateway_overhead.py --duration 1 --repeats 1    # quicker
@@ -202,31 +204,91 @@ def histogram_quantile(q: float, before: dict[float, float], after: dict[float, 
     return None
 
 
-async def measure(
-    address: str, proxy_pid: int | None, args: argparse.Namespace, metrics_address: str | None = None
-) -> list[Result]:
-    results = []
-    async with aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
-        request = generate_pb2.GenerateRequest(text="hello").SerializeToString()
-        await wait_until_serving(channel, request)
+@dataclass(slots=True)
+class Target:
+    """One thing the calls go to: its address, the process whose CPU is counted (None: the engine
+    itself), and where a dpgate gateway's metrics are read (None: not a dpgate gateway)."""
+
+    name: str
+    address: str
+    pid: int | None = None
+    metrics_address: str | None = None
+
+
+def channel_to(address: str) -> aio.Channel:
+    return aio.insecure_channel(address, options=[("grpc.max_receive_message_length", 64 << 20)])
+
+
+async def interleaved_latency(
+    channels: dict[str, aio.Channel], request: bytes, num_calls: int, streaming: bool, first: int
+) -> dict[str, list[float]]:
+    """`num_calls` sequential calls to each target, taken in turn one call at a time (the order
+    rotated each turn, starting at target `first`): every target meets the same machine. A shared
+    2-core machine drifts over seconds (other processes, the host's steal time), and when each
+    target's calls ran as one block, a block that met a slow stretch moved a median by more than
+    the gateways differ; call by call, the drift is the same for all of them."""
+    unary = {name: channel.unary_unary(GENERATE) for name, channel in channels.items()}
+    stream = {name: channel.unary_stream(GENERATE_STREAM) for name, channel in channels.items()}
+    samples: dict[str, list[float]] = {name: [] for name in channels}
+    names = list(channels)
+    for turn in range(num_calls):
+        shift = (first + turn) % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            if streaming:
+                async for _message in stream[name](request):
+                    pass
+            else:
+                await unary[name](request)
+            samples[name].append(time.perf_counter() - start)
+    return samples
+
+
+async def measure_round(targets: list[Target], args: argparse.Namespace, round_number: int) -> dict[str, list[Result]]:
+    """One round: the calls at concurrency 1 interleaved across the targets, then each target's
+    throughput run in turn (rotated by the round, so none always runs first or last); each
+    target's results in the order unary c=1, unary c=C, stream c=1, stream c=C."""
+    request = generate_pb2.GenerateRequest(text="hello").SerializeToString()
+    channels = {target.name: channel_to(target.address) for target in targets}
+    results: dict[str, list[Result]] = {target.name: [] for target in targets}
+    shift = round_number % len(targets)
+    rotated = targets[shift:] + targets[:shift]
+    try:
+        for target in targets:
+            await wait_until_serving(channels[target.name], request)
         for streaming in (False, True):
             name = "stream" if streaming else "unary"
-            await latency(channel, request, 100, streaming)  # warm-up
-            own = metrics_address is not None and not streaming
-            before = added_latency_buckets(metrics_address) if own else {}
-            samples = await latency(channel, request, args.calls, streaming)
-            result = Result(f"{name} c=1", percentile(samples, 50) * 1e3, percentile(samples, 99) * 1e3)
+            for target in targets:
+                await latency(channels[target.name], request, 100, streaming)  # warm-up
+            own = {  # dpgate's own added-latency histogram, read around the unary calls
+                t.name: added_latency_buckets(t.metrics_address) for t in targets if t.metrics_address and not streaming
+            }
+            samples = await interleaved_latency(channels, request, args.calls, streaming, round_number)
             if own:
                 await asyncio.sleep(0.05)  # the gateway accounts for a call just after its answer leaves
-                after = added_latency_buckets(metrics_address)
-                p50, p99 = histogram_quantile(0.5, before, after), histogram_quantile(0.99, before, after)
-                result.own_added_p50_ms = p50 * 1e3 if p50 is not None else None
-                result.own_added_p99_ms = p99 * 1e3 if p99 is not None else None
-            results.append(result)
-            cpu_before = process_cpu_seconds(proxy_pid) if proxy_pid else 0.0
-            count, seconds = await throughput(channel, request, args.concurrency, args.duration, streaming)
-            cpu_us = (process_cpu_seconds(proxy_pid) - cpu_before) / count * 1e6 if proxy_pid else None
-            results.append(Result(f"{name} c={args.concurrency}", per_second=count / seconds, cpu_us=cpu_us))
+            for target in targets:
+                taken = samples[target.name]
+                result = Result(f"{name} c=1", percentile(taken, 50) * 1e3, percentile(taken, 99) * 1e3)
+                if target.name in own and target.metrics_address is not None:
+                    after = added_latency_buckets(target.metrics_address)
+                    p50 = histogram_quantile(0.5, own[target.name], after)
+                    p99 = histogram_quantile(0.99, own[target.name], after)
+                    result.own_added_p50_ms = p50 * 1e3 if p50 is not None else None
+                    result.own_added_p99_ms = p99 * 1e3 if p99 is not None else None
+                results[target.name].append(result)
+            for target in rotated:
+                pid = target.pid
+                cpu_before = process_cpu_seconds(pid) if pid else 0.0
+                count, seconds = await throughput(
+                    channels[target.name], request, args.concurrency, args.duration, streaming
+                )
+                cpu_us = (process_cpu_seconds(pid) - cpu_before) / count * 1e6 if pid else None
+                results[target.name].append(
+                    Result(f"{name} c={args.concurrency}", per_second=count / seconds, cpu_us=cpu_us)
+                )
+    finally:
+        for channel in channels.values():
+            await channel.close()
     return results
 
 
@@ -423,43 +485,36 @@ def main() -> int:
         started.append(engine)
         bare, bare_address = start_process([python, __file__, "--bare-proxy", engine_address], "listening on ")
         started.append(bare)
-        addresses: dict[str, tuple[str, int | None]] = {
-            "direct": (engine_address, None),
-            "bare grpc.aio proxy (peer)": (bare_address, bare.pid),
-        }
+        targets = [Target("direct", engine_address), Target("bare grpc.aio proxy (peer)", bare_address, bare.pid)]
         envoy_address = start_envoy(engine_address, args, started)
         if envoy_address is not None:
-            addresses[ENVOY] = (envoy_address, started[-1].pid)
+            targets.append(Target(ENVOY, envoy_address, started[-1].pid))
         gateway, gateway_address, gateway_metrics = start_gateway(engine_address)
         started.append(gateway)
-        addresses["dpgate gateway"] = (gateway_address, gateway.pid)
-        metrics_addresses = {"dpgate gateway": gateway_metrics}
+        targets.append(Target("dpgate gateway", gateway_address, gateway.pid, gateway_metrics))
         if args.baseline is not None:
             name = f"dpgate gateway at {checkout_commit(args.baseline)}"
             before, before_address, before_metrics = start_gateway(engine_address, args.baseline.resolve())
             started.append(before)
-            addresses[name] = (before_address, before.pid)
-            metrics_addresses[name] = before_metrics
+            targets.append(Target(name, before_address, before.pid, before_metrics))
         if args.interpreted:
             python_form, python_address, python_metrics = start_gateway(
                 engine_address, extra_env={compiled.INTERPRETED_ENV: "1"}
             )
             started.append(python_form)
-            addresses[INTERPRETED] = (python_address, python_form.pid)
-            metrics_addresses[INTERPRETED] = python_metrics
+            targets.append(Target(INTERPRETED, python_address, python_form.pid, python_metrics))
         import uvloop
 
-        rounds: dict[str, list[list[Result]]] = {name: [] for name in addresses}
-        names = list(addresses)
+        names = [target.name for target in targets]
+        rounds: dict[str, list[list[Result]]] = {name: [] for name in names}
         for round_number in range(args.repeats):
-            shift = round_number % len(names)
-            for name in names[shift:] + names[:shift]:
-                address, pid = addresses[name]
-                rounds[name].append(uvloop.run(measure(address, pid, args, metrics_addresses.get(name))))
+            measured = uvloop.run(measure_round(targets, args, round_number))
+            for name in names:
+                rounds[name].append(measured[name])
             print(f"round {round_number + 1}/{args.repeats} done", flush=True)
-        targets = {name: median_results(rounds[name]) for name in names}
-        report(targets, args)
-        write_json(targets, rounds, args)
+        medians = {name: median_results(rounds[name]) for name in names}
+        report(medians, args)
+        write_json(medians, rounds, args)
     finally:
         stop_processes(started)
     return 0
