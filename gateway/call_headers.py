@@ -3,14 +3,16 @@ sends on: shared by the forwarder that admits a call and the call objects that r
 
 from __future__ import annotations
 
+from typing import Final
+
 from gateway.grpc_wire import parse_timeout
 from gateway.http2.connection import Headers
 from gateway.http2.header_codec import encode_literal
 from gateway.metadata import RANK_BIN_KEY, RANK_KEY
 
-_RANK_KEYS = (RANK_KEY.encode(), RANK_BIN_KEY.encode())
-_PASSED_HEADERS = (b"grpc-encoding", b"grpc-accept-encoding")
-REQUEST_ID_KEY = b"x-request-id"
+_RANK_KEYS: Final = (RANK_KEY.encode(), RANK_BIN_KEY.encode())
+_PASSED_HEADERS: Final = (b"grpc-encoding", b"grpc-accept-encoding")
+REQUEST_ID_KEY: Final = b"x-request-id"
 
 
 def request_id_field(request_id: str) -> bytes:

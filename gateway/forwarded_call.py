@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 import grpc
 
@@ -58,20 +58,20 @@ from gateway.upstream import UpstreamConnection, UpstreamStream
 
 logger = logging.getLogger("dpgate.gateway.forwarding")
 
-DEADLINE_MESSAGE = "Deadline Exceeded"
-_NO_STATUS_MESSAGE = "the engine ended the call without a status"
+DEADLINE_MESSAGE: Final = "Deadline Exceeded"
+_NO_STATUS_MESSAGE: Final = "the engine ended the call without a status"
 # The tag byte of a GenerateStreamResponse (or ChatStreamResponse) carrying a token: field 2 (delta), wire type 2.
-_DELTA_TAG = 0x12
-_SERVICES = (
+_DELTA_TAG: Final = 0x12
+_SERVICES: Final = (
     generate_pb2.DESCRIPTOR.services_by_name["InferenceService"],
     control_pb2.DESCRIPTOR.services_by_name["ControlService"],
 )
 # rpc name -> full name of its request message, for the messages that refuse a body.
-REQUEST_TYPES: dict[str, str] = {
+REQUEST_TYPES: Final[dict[str, str]] = {
     method.name: method.input_type.full_name for service in _SERVICES for method in service.methods
 }
 # How an engine's RST_STREAM (or lost connection, None) ended a call.
-_RESET_EVENTS: dict[int | None, CallEvent] = {
+_RESET_EVENTS: Final[dict[int | None, CallEvent]] = {
     None: CallEvent.CONNECTION_LOST,
     f.REFUSED_STREAM: CallEvent.STREAM_REFUSED,
     f.CANCEL: CallEvent.STREAM_CANCELLED,
@@ -80,7 +80,7 @@ _RESET_EVENTS: dict[int | None, CallEvent] = {
 
 
 # A stream that fails this way after messages were relayed ends with INTERNAL (DESIGN.md, rule 7).
-_FAILED_AFTER_MESSAGES = frozenset(
+_FAILED_AFTER_MESSAGES: Final = frozenset(
     {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS}
 )
 
@@ -157,6 +157,7 @@ class ForwardedCall:
         "_is_done",
         "_is_request_complete",
         "_loop",
+        "_max_message_bytes",
         "_num_sent",
         "_opened_at",
         "_peer",
@@ -191,6 +192,7 @@ class ForwardedCall:
         request_id: str,
     ) -> None:
         self._forwarder = forwarder
+        self._max_message_bytes = forwarder.max_message_bytes  # (read for every relayed frame)
         self._call = call
         self._headers = headers
         self._rpc = rpc
@@ -249,7 +251,7 @@ class ForwardedCall:
             return
         if data:
             self._body += data
-            if len(self._body) > self._forwarder.max_message_bytes + 5:
+            if len(self._body) > self._max_message_bytes + 5:
                 self._too_large(len(self._body) - 5)
                 return
         if end_stream:
@@ -268,7 +270,7 @@ class ForwardedCall:
             self._finish(grpc.StatusCode.DEADLINE_EXCEEDED, message)
 
     def _too_large(self, length: int) -> None:
-        limit = self._forwarder.max_message_bytes
+        limit = self._max_message_bytes
         message = f"request message of {length} bytes is larger than the gateway's limit of {limit} bytes"
         self._finish(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
 
@@ -280,7 +282,7 @@ class ForwardedCall:
             self._body_timer = None
         body = self._body = bytes(self._body)  # complete: one copy, then shared read-only with every attempt
         request = read_request(
-            body, self._rpc, REQUEST_TYPES[self._rpc], self._headers.encoding, self._forwarder.max_message_bytes
+            body, self._rpc, REQUEST_TYPES[self._rpc], self._headers.encoding, self._max_message_bytes
         )
         if isinstance(request, Refusal):
             self._finish(request.code, request.message)
@@ -387,8 +389,8 @@ class ForwardedCall:
             return
         scanner = self._scanner
         completed = scanner.feed(data)
-        if scanner.max_length > self._forwarder.max_message_bytes:
-            limit = self._forwarder.max_message_bytes
+        if scanner.max_length > self._max_message_bytes:
+            limit = self._max_message_bytes
             message = f"response message of {scanner.max_length} bytes is larger than the limit of {limit}"
             self._end(CallEvent.RESPONSE_TOO_LARGE, grpc.StatusCode.RESOURCE_EXHAUSTED, message)
             return

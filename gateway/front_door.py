@@ -39,7 +39,7 @@ from gateway.http2.header_codec import encode_literal
 from gateway.http2.limits import Http2Limits
 
 logger = logging.getLogger("dpgate.gateway.front_door")
-_MAX_PING_STRIKES = 2
+_MAX_PING_STRIKES: Final = 2
 # Bytes relayed to the client are handed to the call's handler (which returns the engine's
 # flow-control credit) in steps of at least this many. The gateway opens a 4 MiB window on each
 # upstream stream and tells the engine of credit once 2 MiB are due, so a smaller step changes

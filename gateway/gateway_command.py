@@ -36,56 +36,110 @@ _DEFAULTS = GatewayConfig(engines=())
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = _DEFAULTS
     add = parser.add_argument
-    add("--engine", action="append", default=[], metavar="HOST:PORT",
-        help="an engine to forward to; repeat for each data parallel rank")
-    add("--engine-dns", action="append", default=[], metavar="NAME:PORT",
-        help="every A/AAAA address of NAME (a headless service) is an engine on PORT; re-resolved, repeatable")
-    add("--engine-dns-interval", type=float, default=d.engine_dns_interval_s,
-        help=f"seconds between --engine-dns lookups (default {d.engine_dns_interval_s})")
-    add("--dns-server", metavar="HOST:PORT",
-        help="nameserver for --engine-dns, asked directly (default: the system resolver)")
+    add(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
+        help="an engine to forward to; repeat for each data parallel rank",
+    )
+    add(
+        "--engine-dns",
+        action="append",
+        default=[],
+        metavar="NAME:PORT",
+        help="every A/AAAA address of NAME (a headless service) is an engine on PORT; re-resolved, repeatable",
+    )
+    add(
+        "--engine-dns-interval",
+        type=float,
+        default=d.engine_dns_interval_s,
+        help=f"seconds between --engine-dns lookups (default {d.engine_dns_interval_s})",
+    )
+    add(
+        "--dns-server",
+        metavar="HOST:PORT",
+        help="nameserver for --engine-dns, asked directly (default: the system resolver)",
+    )
     add("--host", default=d.host, help=f"address to bind (default {d.host})")
     add("--port", type=int, default=d.port, help=f"port to serve on, 0 for a free one (default {d.port})")
     add("--metrics-port", type=int, help="serve Prometheus metrics on this port (default: off)")
     add_routing_arguments(parser)
-    add("--api-key", action="append", default=[],
-        help="accept `authorization: Bearer KEY` (repeatable; keys in $DPGATE_API_KEYS are accepted too)")
+    add(
+        "--api-key",
+        action="append",
+        default=[],
+        help="accept `authorization: Bearer KEY` (repeatable; keys in $DPGATE_API_KEYS are accepted too)",
+    )
     add("--api-key-file", help="file of accepted API keys, one a line")
     add_prefix_cache_sharing_argument(parser)
-    add("--engine-token-file", metavar="FILE",
-        help="token to show the engines (they refuse calls without it); $DPGATE_ENGINE_TOKEN works too "
-        "(default: none)")
+    add(
+        "--engine-token-file",
+        metavar="FILE",
+        help="token to show the engines (they refuse calls without it); $DPGATE_ENGINE_TOKEN works too (default: none)",
+    )
     add("--tls-cert", help="PEM certificate chain for TLS to clients")
     add("--tls-key", help="PEM private key for --tls-cert; if encrypted, its password in $DPGATE_TLS_KEY_PASSWORD")
     add("--tls-client-ca", help="PEM CA bundle; clients must show a certificate it signed (mutual TLS)")
     add("--max-message-bytes", type=int, default=d.max_message_bytes, help="largest message either way")
     add("--max-in-flight", type=int, help="refuse calls beyond this many in flight (default: no limit)")
-    add("--max-in-flight-per-peer", type=int,
+    add(
+        "--max-in-flight-per-peer",
+        type=int,
         help="refuse a client address's calls beyond this many in flight (default: half of --max-in-flight, "
-        "else no limit)")
-    add("--request-body-timeout", type=float, default=d.request_body_timeout_s,
+        "else no limit)",
+    )
+    add(
+        "--request-body-timeout",
+        type=float,
+        default=d.request_body_timeout_s,
         help="seconds a call's request message may take to arrive after its headers; then DEADLINE_EXCEEDED "
-        f"(default {d.request_body_timeout_s})")
+        f"(default {d.request_body_timeout_s})",
+    )
     add("--keepalive-time", type=float, default=d.keepalive_time_s, help="seconds between server pings")
     add("--keepalive-timeout", type=float, default=d.keepalive_timeout_s, help="seconds to await a ping ack")
-    add("--min-client-ping-interval", type=float, default=d.min_client_ping_interval_s,
-        help="shortest accepted interval between client keepalive pings, seconds")
+    add(
+        "--min-client-ping-interval",
+        type=float,
+        default=d.min_client_ping_interval_s,
+        help="shortest accepted interval between client keepalive pings, seconds",
+    )
     add_limit_arguments(parser)
     add_http_arguments(parser)
-    add("--drain-grace", type=float, default=d.drain_grace_s,
-        help="seconds between NOT_SERVING and refusing new calls on SIGTERM")
-    add("--shutdown-timeout", type=float, default=d.shutdown_timeout_s,
-        help="seconds from SIGTERM until in-flight calls are cancelled")
+    add(
+        "--drain-grace",
+        type=float,
+        default=d.drain_grace_s,
+        help="seconds between NOT_SERVING and refusing new calls on SIGTERM",
+    )
+    add(
+        "--shutdown-timeout",
+        type=float,
+        default=d.shutdown_timeout_s,
+        help="seconds from SIGTERM until in-flight calls are cancelled",
+    )
     add("--health-interval", type=float, default=d.health_interval_s, help="seconds between engine probes")
     add("--health-timeout", type=float, default=d.health_timeout_s, help="seconds a probe may take")
     add("--failure-threshold", type=int, default=d.failure_threshold, help="failed probes before unhealthy")
     add("--success-threshold", type=int, default=d.success_threshold, help="good probes before healthy")
-    add("--breaker-failure-threshold", type=int, default=d.breaker_failure_threshold,
-        help="failed calls in a row that open an engine's circuit")
-    add("--breaker-open-seconds", type=float, default=d.breaker_open_s,
-        help="seconds an open circuit waits before trying the engine again")
-    add("--access-log", action=argparse.BooleanOptionalAction, default=True,
-        help="log one line per call with its x-request-id, code and duration (default); it costs 2-6 us a call")
+    add(
+        "--breaker-failure-threshold",
+        type=int,
+        default=d.breaker_failure_threshold,
+        help="failed calls in a row that open an engine's circuit",
+    )
+    add(
+        "--breaker-open-seconds",
+        type=float,
+        default=d.breaker_open_s,
+        help="seconds an open circuit waits before trying the engine again",
+    )
+    add(
+        "--access-log",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="log one line per call with its x-request-id, code and duration (default); it costs 2-6 us a call",
+    )
     add_log_format_argument(parser, deprecated_json_flag=True)
 
 
@@ -94,15 +148,31 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
     "Cache-aware routing")."""
     d = _DEFAULTS
     add = parser.add_argument
-    add("--policy", default=d.policy, choices=sorted(POLICIES),
-        help=f"how unpinned calls pick an engine (default {d.policy}: by the engines' prefix caches and load)")
-    add("--cache-prefill-weight", type=float, default=d.cache_prefill_weight,
-        help="cache-aware: cost of each prompt token an engine's cache lacks (default %(default)s)")
-    add("--cache-load-weight", type=float, default=d.cache_load_weight,
-        help="cache-aware: cost of each token of work an engine already has (default %(default)s)")
-    add("--cache-balance-ratio", type=float, default=d.cache_balance_ratio,
+    add(
+        "--policy",
+        default=d.policy,
+        choices=sorted(POLICIES),
+        help=f"how unpinned calls pick an engine (default {d.policy}: by the engines' prefix caches and load)",
+    )
+    add(
+        "--cache-prefill-weight",
+        type=float,
+        default=d.cache_prefill_weight,
+        help="cache-aware: cost of each prompt token an engine's cache lacks (default %(default)s)",
+    )
+    add(
+        "--cache-load-weight",
+        type=float,
+        default=d.cache_load_weight,
+        help="cache-aware: cost of each token of work an engine already has (default %(default)s)",
+    )
+    add(
+        "--cache-balance-ratio",
+        type=float,
+        default=d.cache_balance_ratio,
         help="cache-aware: an engine with more calls than this times the least loaded one's, plus "
-        "--cache-balance-slack, takes no cache hit: it spills to the next best (default %(default)s)")
+        "--cache-balance-slack, takes no cache hit: it spills to the next best (default %(default)s)",
+    )
     add("--cache-balance-slack", type=int, default=d.cache_balance_slack,
         help="cache-aware: calls allowed above the ratio bound (default %(default)s)")  # fmt: skip
 
@@ -125,7 +195,7 @@ def add_prefix_cache_sharing_argument(parser: argparse.ArgumentParser) -> None:
         choices=("isolated", "shared"),
         default="isolated",
         help="with API keys, isolated (the default) binds each call's prefix-cache salt to its key, so keys never "
-        "share cached prompts; shared lets them (docs/gateway.md, \"Prefix-cache tenants\")",
+        'share cached prompts; shared lets them (docs/gateway.md, "Prefix-cache tenants")',
     )
 
 
@@ -133,23 +203,55 @@ def add_limit_arguments(parser: argparse.ArgumentParser) -> None:
     """The front door's HTTP/2 limits (shared with `dpgate serve`; docs/gateway.md, "Limits")."""
     d = _DEFAULTS
     add = parser.add_argument
-    add("--max-concurrent-streams", type=int, default=d.max_concurrent_streams,
-        help="SETTINGS_MAX_CONCURRENT_STREAMS advertised to each client connection; streams past it are refused")
-    add("--max-header-list-size", type=int, default=d.max_header_list_size,
-        help="SETTINGS_MAX_HEADER_LIST_SIZE: largest request header list, bytes (RFC 9113 counting)")
+    add(
+        "--max-concurrent-streams",
+        type=int,
+        default=d.max_concurrent_streams,
+        help="SETTINGS_MAX_CONCURRENT_STREAMS advertised to each client connection; streams past it are refused",
+    )
+    add(
+        "--max-header-list-size",
+        type=int,
+        default=d.max_header_list_size,
+        help="SETTINGS_MAX_HEADER_LIST_SIZE: largest request header list, bytes (RFC 9113 counting)",
+    )
     add("--max-connections", type=int, default=d.max_connections, help="most client connections open at once")
-    add("--max-connections-per-peer", type=int, default=d.max_connections_per_peer,
-        help="most client connections one address may have open at once")
-    add("--header-timeout", type=float, default=d.header_timeout_s,
-        help="seconds a new connection has for its preface and first request; any header block for all its frames")
-    add("--idle-timeout", type=float, default=d.idle_timeout_s,
-        help="seconds a client connection may stay without an open stream before GOAWAY")
-    add("--hpack-table-size", type=int, default=d.hpack_table_size,
-        help="SETTINGS_HEADER_TABLE_SIZE: the cap on a client's HPACK dynamic table, bytes")
-    add("--max-continuation-frames", type=int, default=d.max_continuation_frames,
-        help="most CONTINUATION frames in one header block")
-    add("--max-resets-per-second", type=int, default=d.max_resets_per_second,
-        help="rapid-reset guard: streams a client may cancel (or make the gateway reset) per second and in a burst")
+    add(
+        "--max-connections-per-peer",
+        type=int,
+        default=d.max_connections_per_peer,
+        help="most client connections one address may have open at once",
+    )
+    add(
+        "--header-timeout",
+        type=float,
+        default=d.header_timeout_s,
+        help="seconds a new connection has for its preface and first request; any header block for all its frames",
+    )
+    add(
+        "--idle-timeout",
+        type=float,
+        default=d.idle_timeout_s,
+        help="seconds a client connection may stay without an open stream before GOAWAY",
+    )
+    add(
+        "--hpack-table-size",
+        type=int,
+        default=d.hpack_table_size,
+        help="SETTINGS_HEADER_TABLE_SIZE: the cap on a client's HPACK dynamic table, bytes",
+    )
+    add(
+        "--max-continuation-frames",
+        type=int,
+        default=d.max_continuation_frames,
+        help="most CONTINUATION frames in one header block",
+    )
+    add(
+        "--max-resets-per-second",
+        type=int,
+        default=d.max_resets_per_second,
+        help="rapid-reset guard: streams a client may cancel (or make the gateway reset) per second and in a burst",
+    )
 
 
 def add_http_arguments(parser: argparse.ArgumentParser, default_port: int | None = None) -> None:
@@ -157,15 +259,31 @@ def add_http_arguments(parser: argparse.ArgumentParser, default_port: int | None
     d = _DEFAULTS
     add = parser.add_argument
     serves = "default: off" if default_port is None else f"default {default_port}; --no-http turns it off"
-    add("--http-port", type=int, default=default_port,
-        help=f"serve the OpenAI-compatible HTTP API on this port, 0 for a free one ({serves})")
+    add(
+        "--http-port",
+        type=int,
+        default=default_port,
+        help=f"serve the OpenAI-compatible HTTP API on this port, 0 for a free one ({serves})",
+    )
     add("--http-max-body-bytes", type=int, default=d.http_max_body_bytes, help="largest HTTP request body, bytes")
-    add("--http-max-header-bytes", type=int, default=d.http_max_header_bytes,
-        help="largest HTTP request line and header field, bytes")
-    add("--http-max-connections", type=int, default=d.http_max_connections,
-        help="most HTTP connections open at once; one more is answered 503")
-    add("--http-idle-timeout", type=float, default=d.http_idle_timeout_s,
-        help="seconds an idle keep-alive HTTP connection stays open")
+    add(
+        "--http-max-header-bytes",
+        type=int,
+        default=d.http_max_header_bytes,
+        help="largest HTTP request line and header field, bytes",
+    )
+    add(
+        "--http-max-connections",
+        type=int,
+        default=d.http_max_connections,
+        help="most HTTP connections open at once; one more is answered 503",
+    )
+    add(
+        "--http-idle-timeout",
+        type=float,
+        default=d.http_idle_timeout_s,
+        help="seconds an idle keep-alive HTTP connection stays open",
+    )
 
 
 def http_from_args(args: argparse.Namespace) -> dict[str, int | float | None]:

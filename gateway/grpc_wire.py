@@ -12,6 +12,7 @@ import struct
 import urllib.parse
 import zlib
 from dataclasses import dataclass
+from typing import Final
 
 import grpc
 
@@ -19,13 +20,13 @@ from gateway.http2 import frames as f
 from gateway.http2.connection import Headers
 from gateway.http2.header_codec import encode_block, encode_literal
 
-CODE_BY_VALUE: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
+CODE_BY_VALUE: Final[dict[int, grpc.StatusCode]] = {code.value[0]: code for code in grpc.StatusCode}
 
-_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-_MESSAGE_PREFIX = struct.Struct(">BL")
-MESSAGE_PREFIX_SIZE = 5
+_TIMEOUT_UNITS: Final = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_MESSAGE_PREFIX: Final = struct.Struct(">BL")
+MESSAGE_PREFIX_SIZE: Final = 5
 
-RESPONSE_HEADERS = encode_block(((b":status", b"200"), (b"content-type", b"application/grpc")))
+RESPONSE_HEADERS: Final = encode_block(((b":status", b"200"), (b"content-type", b"application/grpc")))
 
 
 def parse_timeout(value: bytes) -> float | None:
@@ -60,7 +61,9 @@ def decode_message(value: bytes) -> str:
 
 # Each code's `grpc-status` field, encoded once: every call ends with one. Keyed by the member's
 # `_name_` (Enum's plain attribute for it): hashing an Enum member calls Enum.__hash__, in Python.
-_STATUS_FIELDS = {code._name_: encode_literal(b"grpc-status", str(code.value[0]).encode()) for code in grpc.StatusCode}
+_STATUS_FIELDS: Final = {
+    code._name_: encode_literal(b"grpc-status", str(code.value[0]).encode()) for code in grpc.StatusCode
+}
 
 
 def status_trailers(code: grpc.StatusCode, message: str = "", extra: bytes = b"") -> bytes:
@@ -88,7 +91,7 @@ def reset_status(error_code: int | None) -> tuple[grpc.StatusCode, str]:
 # the protocol's (the gateway writes its own status; grpc-status-details-bin is handled apart),
 # connection-specific fields belong to one hop, and the serving rank and the call's x-request-id
 # are written by the gateway (the engine echoes the id too: relaying it would send it twice).
-_NOT_RELAYED = frozenset(
+_NOT_RELAYED: Final = frozenset(
     {
         b"content-type",
         b"content-length",
@@ -144,7 +147,7 @@ class ResponseStatus:
 
 # grpc-encoding values gRPC implements -> zlib's wbits for them (None: not compressed). gRPC's
 # "deflate" is the zlib format (RFC 1950), "gzip" the gzip one (RFC 1952).
-INFLATE_WBITS: dict[bytes, int | None] = {b"identity": None, b"deflate": 15, b"gzip": 31}
+INFLATE_WBITS: Final[dict[bytes, int | None]] = {b"identity": None, b"deflate": 15, b"gzip": 31}
 
 
 def inflate(payload: bytes, encoding: bytes, limit: int) -> bytes | None:

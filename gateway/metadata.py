@@ -10,17 +10,18 @@ guessing which value was meant is exactly the silent fallback the rule forbids.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Final
 
 from gateway.errors import InvalidArgument
 
-RANK_KEY = "x-data-parallel-rank"
-RANK_BIN_KEY = RANK_KEY + "-bin"
-RANK_ERROR_MESSAGE = "x-data-parallel-rank metadata must be an unsigned 32-bit integer"
-MAX_RANK = 2**32 - 1
+RANK_KEY: Final = "x-data-parallel-rank"
+RANK_BIN_KEY: Final = RANK_KEY + "-bin"
+RANK_ERROR_MESSAGE: Final = "x-data-parallel-rank metadata must be an unsigned 32-bit integer"
+MAX_RANK: Final = 2**32 - 1
 
 # HTTP's notion of ASCII whitespace; str.strip() with no argument would also strip Unicode spaces.
-_ASCII_WHITESPACE = " \t\n\r\f\v"
-_DIGITS = frozenset("0123456789")
+_ASCII_WHITESPACE: Final = " \t\n\r\f\v"
+_DIGITS: Final = frozenset("0123456789")
 
 
 def parse_rank_value(value: str | bytes) -> int:

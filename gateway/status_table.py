@@ -8,6 +8,8 @@ Python traceback to the client).
 
 from __future__ import annotations
 
+from typing import Final
+
 import grpc
 
 from gateway.errors import (
@@ -20,7 +22,7 @@ from gateway.errors import (
     Unavailable,
 )
 
-STATUS_FOR_ERROR: dict[type[GatewayError], grpc.StatusCode] = {
+STATUS_FOR_ERROR: Final[dict[type[GatewayError], grpc.StatusCode]] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     NotFound: grpc.StatusCode.NOT_FOUND,
     Unavailable: grpc.StatusCode.UNAVAILABLE,
@@ -28,7 +30,7 @@ STATUS_FOR_ERROR: dict[type[GatewayError], grpc.StatusCode] = {
     Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
 }
 
-INTERNAL_ERROR_MESSAGE = "internal gateway error"
+INTERNAL_ERROR_MESSAGE: Final = "internal gateway error"
 
 
 def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:

@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from typing import Final, Protocol
 
 from dpgate.engine_token import ENGINE_TOKEN_KEY
 from gateway.grpc_wire import format_timeout
 from gateway.http2.connection import Headers, Http2Connection, Stream
 from gateway.http2.header_codec import encode_block, encode_field, encode_literal
 
-_MAX_STREAM_ID = 2**31 - 1
-_LIVENESS_PING = b"dpgalive"
+_MAX_STREAM_ID: Final = 2**31 - 1
+_LIVENESS_PING: Final = b"dpgalive"
 logger = logging.getLogger("dpgate.gateway.engines")
 
 

@@ -8,77 +8,78 @@ is the connection's business (gateway/http2/connection.py).
 from __future__ import annotations
 
 import struct
+from typing import Final
 
 from gateway.http2.errors import ProtocolViolation
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+PREFACE: Final = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # 24-bit length (split 16 + 8), type, flags, 31-bit stream id.
-FRAME_HEADER = struct.Struct(">HBBBL")
-FRAME_HEADER_SIZE = FRAME_HEADER.size
+FRAME_HEADER: Final = struct.Struct(">HBBBL")
+FRAME_HEADER_SIZE: Final = 9  # (FRAME_HEADER.size, as a literal the compiled modules inline)
 # The same nine bytes packed from three values: the 24-bit length and the type as one 32-bit
 # word (`length << 8 | type`), the flags, the stream id. Two fewer values to pack, and no
 # splitting of the length, for the one frame packed per relayed message (DATA is type 0).
-FRAME_HEADER_WORDS: struct.Struct = struct.Struct(">LBL")
+FRAME_HEADER_WORDS: Final[struct.Struct] = struct.Struct(">LBL")
 
 # Frame types.
-DATA = 0x0
-HEADERS = 0x1
-PRIORITY = 0x2
-RST_STREAM = 0x3
-SETTINGS = 0x4
-PUSH_PROMISE = 0x5
-PING = 0x6
-GOAWAY = 0x7
-WINDOW_UPDATE = 0x8
-CONTINUATION = 0x9
-FRAME_NAMES = ("DATA", "HEADERS", "PRIORITY", "RST_STREAM", "SETTINGS", "PUSH_PROMISE", "PING", "GOAWAY",
+DATA: Final = 0x0
+HEADERS: Final = 0x1
+PRIORITY: Final = 0x2
+RST_STREAM: Final = 0x3
+SETTINGS: Final = 0x4
+PUSH_PROMISE: Final = 0x5
+PING: Final = 0x6
+GOAWAY: Final = 0x7
+WINDOW_UPDATE: Final = 0x8
+CONTINUATION: Final = 0x9
+FRAME_NAMES: Final = ("DATA", "HEADERS", "PRIORITY", "RST_STREAM", "SETTINGS", "PUSH_PROMISE", "PING", "GOAWAY",
                "WINDOW_UPDATE", "CONTINUATION")  # fmt: skip
 
 # Flags.
-END_STREAM = 0x1
-ACK = 0x1
-END_HEADERS = 0x4
-PADDED = 0x8
-PRIORITY_FLAG = 0x20
+END_STREAM: Final = 0x1
+ACK: Final = 0x1
+END_HEADERS: Final = 0x4
+PADDED: Final = 0x8
+PRIORITY_FLAG: Final = 0x20
 
 # Settings identifiers.
-SETTINGS_HEADER_TABLE_SIZE = 0x1
-SETTINGS_ENABLE_PUSH = 0x2
-SETTINGS_MAX_CONCURRENT_STREAMS = 0x3
-SETTINGS_INITIAL_WINDOW_SIZE = 0x4
-SETTINGS_MAX_FRAME_SIZE = 0x5
-SETTINGS_MAX_HEADER_LIST_SIZE = 0x6
+SETTINGS_HEADER_TABLE_SIZE: Final = 0x1
+SETTINGS_ENABLE_PUSH: Final = 0x2
+SETTINGS_MAX_CONCURRENT_STREAMS: Final = 0x3
+SETTINGS_INITIAL_WINDOW_SIZE: Final = 0x4
+SETTINGS_MAX_FRAME_SIZE: Final = 0x5
+SETTINGS_MAX_HEADER_LIST_SIZE: Final = 0x6
 
 # Error codes.
-NO_ERROR = 0x0
-PROTOCOL_ERROR = 0x1
-INTERNAL_ERROR = 0x2
-FLOW_CONTROL_ERROR = 0x3
-SETTINGS_TIMEOUT = 0x4
-STREAM_CLOSED = 0x5
-FRAME_SIZE_ERROR = 0x6
-REFUSED_STREAM = 0x7
-CANCEL = 0x8
-COMPRESSION_ERROR = 0x9
-ENHANCE_YOUR_CALM = 0xB
+NO_ERROR: Final = 0x0
+PROTOCOL_ERROR: Final = 0x1
+INTERNAL_ERROR: Final = 0x2
+FLOW_CONTROL_ERROR: Final = 0x3
+SETTINGS_TIMEOUT: Final = 0x4
+STREAM_CLOSED: Final = 0x5
+FRAME_SIZE_ERROR: Final = 0x6
+REFUSED_STREAM: Final = 0x7
+CANCEL: Final = 0x8
+COMPRESSION_ERROR: Final = 0x9
+ENHANCE_YOUR_CALM: Final = 0xB
 
-DEFAULT_WINDOW = 65_535
-DEFAULT_MAX_FRAME = 16_384
-MAX_FRAME_LIMIT = 2**24 - 1
-MAX_WINDOW = 2**31 - 1
-DEFAULT_HEADER_TABLE_SIZE = 4_096
+DEFAULT_WINDOW: Final = 65_535
+DEFAULT_MAX_FRAME: Final = 16_384
+MAX_FRAME_LIMIT: Final = 2**24 - 1
+MAX_WINDOW: Final = 2**31 - 1
+DEFAULT_HEADER_TABLE_SIZE: Final = 4_096
 
 # The fixed payload lengths of RFC 9113 section 6.
-PRIORITY_SIZE = 5
-RST_STREAM_SIZE = 4
-PING_SIZE = 8
-WINDOW_UPDATE_SIZE = 4
-GOAWAY_MIN_SIZE = 8
+PRIORITY_SIZE: Final = 5
+RST_STREAM_SIZE: Final = 4
+PING_SIZE: Final = 8
+WINDOW_UPDATE_SIZE: Final = 4
+GOAWAY_MIN_SIZE: Final = 8
 
-_U32 = struct.Struct(">L")
-_SETTING = struct.Struct(">HL")
-_GOAWAY = struct.Struct(">LL")
+_U32: Final = struct.Struct(">L")
+_SETTING: Final = struct.Struct(">HL")
+_GOAWAY: Final = struct.Struct(">LL")
 
 
 def pack_frame(frame_type: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterable
+from typing import Final
 
 import hpack
 from hpack import OversizedHeaderListError
@@ -18,13 +19,13 @@ from hpack.table import HeaderTable
 
 __all__ = ["Decoder", "encode_block", "encode_field", "encode_literal"]
 
-_STATIC_TABLE = HeaderTable.STATIC_TABLE
-_STATIC_LENGTH = len(_STATIC_TABLE)
-_ENTRY_OVERHEAD = 32  # RFC 7541 section 4.1: an entry's size is its name, its value and 32
-_STATIC_SIZES = tuple(len(name) + len(value) + _ENTRY_OVERHEAD for name, value in _STATIC_TABLE)
-_LITERAL_NEW_NAME = (0x00, 0x10)  # literal without indexing / never indexed, name as a string
-_MAX_REMEMBERED_BLOCK = 256  # bytes: a gRPC call's blocks are 8 to 100
-_MAX_REMEMBERED_BLOCKS = 16
+_STATIC_TABLE: Final = HeaderTable.STATIC_TABLE
+_STATIC_LENGTH: Final = len(_STATIC_TABLE)
+_ENTRY_OVERHEAD: Final = 32  # RFC 7541 section 4.1: an entry's size is its name, its value and 32
+_STATIC_SIZES: Final = tuple(len(name) + len(value) + _ENTRY_OVERHEAD for name, value in _STATIC_TABLE)
+_LITERAL_NEW_NAME: Final = (0x00, 0x10)  # literal without indexing / never indexed, name as a string
+_MAX_REMEMBERED_BLOCK: Final = 256  # bytes: a gRPC call's blocks are 8 to 100
+_MAX_REMEMBERED_BLOCKS: Final = 16
 
 
 class Decoder(hpack.Decoder):
@@ -146,8 +147,8 @@ def _plain_string(data: bytes, position: int) -> tuple[bytes | None, int]:
     return data[start:stop], stop
 
 
-_STATIC_FIELDS: dict[tuple[bytes, bytes], int] = {}
-_STATIC_NAMES: dict[bytes, int] = {}
+_STATIC_FIELDS: Final[dict[tuple[bytes, bytes], int]] = {}
+_STATIC_NAMES: Final[dict[bytes, int]] = {}
 for _index, (_name, _value) in enumerate(HeaderTable.STATIC_TABLE, start=1):
     _STATIC_FIELDS.setdefault((_name, _value), _index)
     _STATIC_NAMES.setdefault(_name, _index)

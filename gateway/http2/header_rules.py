@@ -19,25 +19,28 @@ the front door's rule for `x-data-parallel-rank` is to strip it (DESIGN.md rule 
 from __future__ import annotations
 
 import re
+from typing import Final
 
 from gateway.http2.errors import HeadersTooLarge, MalformedHeaders
 
 Headers = list[tuple[bytes, bytes]]
 
 # RFC 9110 section 5.1: a field name is a token; RFC 9113 section 8.2.1 adds: no uppercase.
-_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+")
-_CONNECTION_SPECIFIC = frozenset((b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"))
+_NAME: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+")
+_CONNECTION_SPECIFIC: Final = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
+)
 _METHOD, _SCHEME, _AUTHORITY, _PATH = 1, 2, 4, 8
-_REQUEST_PSEUDO = {b":method": _METHOD, b":scheme": _SCHEME, b":authority": _AUTHORITY, b":path": _PATH}
+_REQUEST_PSEUDO: Final = {b":method": _METHOD, b":scheme": _SCHEME, b":authority": _AUTHORITY, b":path": _PATH}
 # Regular fields (name and value) already found valid: the same dozen arrive on every call, so
 # most fields cost one set lookup. The caps keep a client inventing fields from growing it.
 _valid_fields: set[tuple[bytes, bytes]] = set()
 _valid_names: set[bytes] = set()  # names alone, for fields whose values change (grpc-timeout)
-_MAX_CACHED_FIELDS = 4096
-_MAX_CACHED_VALUE = 256
+_MAX_CACHED_FIELDS: Final = 4096
+_MAX_CACHED_VALUE: Final = 256
 # Never cached: the fields the rules read, and gRPC's deadline (a new value on every call).
-_UNCACHED = frozenset((b"te", b"content-length", b"host", b"grpc-timeout"))
-_FIELD_OVERHEAD = 32  # RFC 9113 section 6.5.2: each field counts its name, value and 32 bytes
+_UNCACHED: Final = frozenset((b"te", b"content-length", b"host", b"grpc-timeout"))
+_FIELD_OVERHEAD: Final = 32  # RFC 9113 section 6.5.2: each field counts its name, value and 32 bytes
 
 
 def _check_regular(name: bytes, value: bytes) -> None:

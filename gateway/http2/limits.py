@@ -9,6 +9,7 @@ token bucket with the clock passed in.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from gateway.http2 import frames as f
 
@@ -51,7 +52,7 @@ class Http2Limits:
         return settings
 
 
-ENGINE_LIMITS = Http2Limits()
+ENGINE_LIMITS: Final = Http2Limits()
 
 
 class ResetBudget:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import ClassVar
+from typing import ClassVar, Final
 
 from mypy_extensions import mypyc_attr
 
@@ -19,9 +19,9 @@ from gateway.http2 import frames as f
 from gateway.http2.stream import Stream
 from gateway.http2.stream_ids import StreamIds
 
-_FRAME_HEADER_PACK = f.FRAME_HEADER_WORDS.pack
+_FRAME_HEADER_PACK: Final = f.FRAME_HEADER_WORDS.pack
 
-DYNAMIC_TABLE_SIZE_ZERO = b"\x20"  # HPACK "dynamic table size update" to 0 (RFC 7541 section 6.3)
+DYNAMIC_TABLE_SIZE_ZERO: Final = b"\x20"  # HPACK "dynamic table size update" to 0 (RFC 7541 section 6.3)
 
 
 # Http2Connection, its compiled subclass, is subclassed in Python too (gateway/compiled.py).
@@ -42,7 +42,7 @@ class Http2Sender:
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
         self._blocked: set[Stream] = set()
-        # Streams with `sent_step` bytes of DATA queued but not yet taken by an unpaused transport:
+        # Streams with `credit_step` bytes of DATA queued but not yet taken by an unpaused transport:
         # a stream hears `on_sent` (and an engine gets its credit back) only once the bytes left.
         self._credits: list[Stream] = []
         self._is_write_paused = False  # the transport's buffer is over its high-water mark
@@ -83,7 +83,7 @@ class Http2Sender:
     def _count_unsent(self, stream: Stream, num_bytes: int) -> None:
         """Note DATA queued for `stream`; the stream is credited once its step's worth is."""
         unsent = stream.unsent = stream.unsent + num_bytes
-        if unsent >= stream.sent_step > unsent - num_bytes:
+        if unsent >= stream.credit_step > unsent - num_bytes:
             self._credits.append(stream)
 
     def add_stream(self, stream: Stream, stream_id: int) -> None:
@@ -144,7 +144,7 @@ class Http2Sender:
                 self._close_local(stream)
             # `_count_unsent`, inline: the stream waits for its credit only once it crossed its step
             unsent = stream.unsent = stream.unsent + length
-            if unsent >= stream.sent_step > unsent - length:
+            if unsent >= stream.credit_step > unsent - length:
                 self._credits.append(stream)
             return
         if stream.pending is None:

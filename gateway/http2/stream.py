@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import ClassVar, Protocol
+from typing import ClassVar, Final, Protocol
 
 from mypy_extensions import mypyc_attr
 
@@ -12,7 +12,7 @@ from gateway.http2 import frames as f
 
 Headers = list[tuple[bytes, bytes]]
 
-LOCAL_STREAM_WINDOW = 1 << 22  # the receive window the gateway opens on every stream (4 MiB)
+LOCAL_STREAM_WINDOW: Final = 1 << 22  # the receive window the gateway opens on every stream (4 MiB)
 
 
 class StreamConnection(Protocol):
@@ -60,6 +60,8 @@ class Stream:
         "_recv_unacked",
         "connection",
         "content_length",
+        "credit_on_receipt",
+        "credit_step",
         "is_headers_received",
         "is_local_closed",
         "is_remote_closed",
@@ -85,6 +87,10 @@ class Stream:
         self.opened_at = 0.0  # loop time the peer opened it (server role; the rapid-reset guard)
         self._recv_unacked = 0
         self.unsent = 0  # DATA bytes handed to the connection since `on_sent` last reported
+        # The class's settings, read once here: the connection reads them for every DATA frame,
+        # and a ClassVar is looked up by name on each read, compiled or not.
+        self.credit_on_receipt = self.auto_credit
+        self.credit_step = self.sent_step
 
     @property
     def is_open(self) -> bool:

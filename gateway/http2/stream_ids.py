@@ -11,9 +11,10 @@ is treated as an ordinary closed one. Pure bookkeeping, no I/O.
 from __future__ import annotations
 
 from collections import deque
+from typing import Final
 
-_NUM_REMEMBERED_RESETS = 256
-_NUM_REMEMBERED_GAPS = 16
+_NUM_REMEMBERED_RESETS: Final = 256
+_NUM_REMEMBERED_GAPS: Final = 16
 
 
 class StreamIds:

@@ -22,7 +22,7 @@ import struct
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 import grpc
 
@@ -31,11 +31,11 @@ from gateway.grpc_wire import MESSAGE_PREFIX_SIZE, ResponseStatus, frame_message
 from gateway.http2.connection import Headers
 from gateway.http2.header_codec import Decoder
 
-_PREFIX = struct.Struct(">BI")
-COMPRESSED_MESSAGE = "the engine sent a compressed message, which the HTTP API does not read"
+_PREFIX: Final = struct.Struct(">BI")
+COMPRESSED_MESSAGE: Final = "the engine sent a compressed message, which the HTTP API does not read"
 # The relay's trailers are plain literals (never indexed: gateway/http2/header_codec.py), so they
 # leave a decoder's dynamic table as it was: one decoder serves every call.
-_TRAILERS = Decoder()
+_TRAILERS: Final = Decoder()
 
 
 class CallOpener(Protocol):

@@ -11,10 +11,11 @@ InternalServerError). 429 and 503 carry Retry-After, which the package's retries
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 import grpc
 
-RETRY_AFTER_S = 1
+RETRY_AFTER_S: Final = 1
 
 
 class RequestError(ValueError):
@@ -45,7 +46,7 @@ class HttpError:
 
 # gRPC status -> (HTTP status, OpenAI error type, code). INVALID_ARGUMENT covers the engine's
 # refusals of a value (a temperature out of range) and the front door's (the rank rule).
-_TABLE: dict[grpc.StatusCode, tuple[int, str, str | None]] = {
+_TABLE: Final[dict[grpc.StatusCode, tuple[int, str, str | None]]] = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error", None),
     grpc.StatusCode.OUT_OF_RANGE: (400, "invalid_request_error", None),
     grpc.StatusCode.FAILED_PRECONDITION: (400, "invalid_request_error", None),

@@ -8,14 +8,14 @@ StructuredOutput), so a field means the same on /v1/completions as on /v1/chat/c
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from dpgate.json_text import json_type_name
 from dpgate.v1 import generate_pb2
 from gateway.openai.errors import RequestError
 from gateway.openai.fields import Fields
 
-MAX_SEED = 2**64 - 1
+MAX_SEED: Final = 2**64 - 1
 
 
 def is_token_id(value: Any) -> bool:

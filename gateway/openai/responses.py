@@ -18,22 +18,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from dpgate.v1 import generate_pb2
 
-_FINISH_REASONS = {
+_FINISH_REASONS: Final = {
     generate_pb2.FINISH_REASON_LENGTH: "length",
     generate_pb2.FINISH_REASON_STOP: "stop",
     generate_pb2.FINISH_REASON_ABORTED: "abort",
 }
-_CACHED_FIELD = "num_cached_prompt_tokens"
-HAS_CACHED_TOKENS = _CACHED_FIELD in generate_pb2.FinishInfo.DESCRIPTOR.fields_by_name
+_CACHED_FIELD: Final = "num_cached_prompt_tokens"
+HAS_CACHED_TOKENS: Final = _CACHED_FIELD in generate_pb2.FinishInfo.DESCRIPTOR.fields_by_name
 
 
 # Compact, and UTF-8 as it is (no \u escapes). One encoder for every answer: json.dumps with
 # options builds a new JSONEncoder each call.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_ENCODER: Final = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
 
 
 def json_bytes(body: Any) -> bytes:

@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 import grpc
 from aiohttp import web
@@ -50,8 +50,8 @@ from gateway.openai.streaming import stream_choices
 from gateway.openai.translate import Plan, chat_plan, completion_plan
 
 logger = logging.getLogger("dpgate.gateway.http")
-TIMEOUT_HEADER = "x-request-timeout"
-HTTP_UNAUTHENTICATED_MESSAGE = UNAUTHENTICATED_MESSAGE.replace("metadata", "header")
+TIMEOUT_HEADER: Final = "x-request-timeout"
+HTTP_UNAUTHENTICATED_MESSAGE: Final = UNAUTHENTICATED_MESSAGE.replace("metadata", "header")
 Route = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 

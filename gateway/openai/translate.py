@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from google.protobuf import struct_pb2
 
@@ -28,22 +28,22 @@ from gateway.openai.generation_fields import (
     structured_output_fields,
 )
 
-MAX_CHOICES = 64
-MAX_TOP_LOGPROBS = 20
-REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high")
-_ROLES = {
+MAX_CHOICES: Final = 64
+MAX_TOP_LOGPROBS: Final = 20
+REASONING_EFFORTS: Final = ("none", "minimal", "low", "medium", "high")
+_ROLES: Final = {
     "system": generate_pb2.CHAT_ROLE_SYSTEM,
     "developer": generate_pb2.CHAT_ROLE_SYSTEM,  # OpenAI's newer name for system instructions
     "user": generate_pb2.CHAT_ROLE_USER,
     "assistant": generate_pb2.CHAT_ROLE_ASSISTANT,
     "tool": generate_pb2.CHAT_ROLE_TOOL,
 }
-_MODES = {
+_MODES: Final = {
     "none": generate_pb2.TOOL_CHOICE_MODE_NONE,
     "auto": generate_pb2.TOOL_CHOICE_MODE_AUTO,
     "required": generate_pb2.TOOL_CHOICE_MODE_REQUIRED,
 }
-_SERVICE = "/dpgate.v1.InferenceService/"
+_SERVICE: Final = "/dpgate.v1.InferenceService/"
 
 
 @dataclass(slots=True)

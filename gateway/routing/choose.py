@@ -29,9 +29,7 @@ def _missing_rank_message(rank: int, data_parallel_size: int, engines: Sequence[
     )
 
 
-def _choose_pinned(
-    engines: Sequence[EngineView], request: RouteRequest, data_parallel_size: int | None
-) -> EngineView:
+def _choose_pinned(engines: Sequence[EngineView], request: RouteRequest, data_parallel_size: int | None) -> EngineView:
     """The engine owning the pinned rank, or the error that says why it cannot serve.
 
     Rank numbers are global, so the owner is found by rank, never by position, and a pin is never
