@@ -13,10 +13,10 @@ process, for each target:
   wall-clock rate understates what a gateway host would do.
 The client sends pre-serialized requests and reads raw bytes, so its own cost is small and the
 same for every target. One run on a shared machine moves by up to 2x, so each figure is the median
-of `--repeats` rounds (each round's figures are kept in the JSON). Within a round the calls at
-concurrency 1 go to the targets in turn, one call each (the machine's drift over seconds then
-falls on all of them alike), and the throughput runs follow one target at a time, in an order
-rotated each round so none always runs first or last.
+of `--repeats` rounds (each round's figures are kept in the JSON). Within a round the targets take
+turns: the calls at concurrency 1 one call each, the throughput runs `--slice` seconds each (the
+machine's drift over seconds then falls on all of them alike), in an order rotated each round so
+none always goes first or last.
 
     python bench/gateway_overhead.py                 # the figures in docs/performance.md (a few minutes)
     python bench/gateway_overhead.py --duration 1 --repeats 1    # quicker
@@ -244,15 +244,42 @@ async def interleaved_latency(
     return samples
 
 
+async def sliced_throughput(
+    targets: list[Target],
+    channels: dict[str, aio.Channel],
+    request: bytes,
+    args: argparse.Namespace,
+    streaming: bool,
+    round_number: int,
+) -> dict[str, tuple[int, float, float]]:
+    """Each target's throughput run of `--duration` seconds, cut into slices of `--slice` seconds
+    taken in turn (as the calls at concurrency 1 are, for the same reason: the machine's drift
+    falls on every target alike); per target the calls or messages, the seconds and the proxy's
+    CPU seconds, summed over its slices. A slice ends when its last call does, so every message
+    counted was relayed inside the CPU time measured with it."""
+    totals = {target.name: (0, 0.0, 0.0) for target in targets}
+    num_slices = max(1, round(args.duration / args.slice))
+    for turn in range(num_slices):
+        shift = (round_number + turn) % len(targets)
+        for target in targets[shift:] + targets[:shift]:
+            cpu_before = process_cpu_seconds(target.pid) if target.pid else 0.0
+            count, seconds = await throughput(
+                channels[target.name], request, args.concurrency, args.duration / num_slices, streaming
+            )
+            cpu_seconds = process_cpu_seconds(target.pid) - cpu_before if target.pid else 0.0
+            done, taken, cpu = totals[target.name]
+            totals[target.name] = (done + count, taken + seconds, cpu + cpu_seconds)
+    return totals
+
+
 async def measure_round(targets: list[Target], args: argparse.Namespace, round_number: int) -> dict[str, list[Result]]:
-    """One round: the calls at concurrency 1 interleaved across the targets, then each target's
-    throughput run in turn (rotated by the round, so none always runs first or last); each
-    target's results in the order unary c=1, unary c=C, stream c=1, stream c=C."""
+    """One round: the calls at concurrency 1 interleaved across the targets, then the throughput
+    runs, interleaved by slices; each target's results in the order unary c=1, unary c=C,
+    stream c=1, stream c=C. (The order of the targets is rotated by the round, so none always
+    runs first or last.)"""
     request = generate_pb2.GenerateRequest(text="hello").SerializeToString()
     channels = {target.name: channel_to(target.address) for target in targets}
     results: dict[str, list[Result]] = {target.name: [] for target in targets}
-    shift = round_number % len(targets)
-    rotated = targets[shift:] + targets[:shift]
     try:
         for target in targets:
             await wait_until_serving(channels[target.name], request)
@@ -276,13 +303,10 @@ async def measure_round(targets: list[Target], args: argparse.Namespace, round_n
                     result.own_added_p50_ms = p50 * 1e3 if p50 is not None else None
                     result.own_added_p99_ms = p99 * 1e3 if p99 is not None else None
                 results[target.name].append(result)
-            for target in rotated:
-                pid = target.pid
-                cpu_before = process_cpu_seconds(pid) if pid else 0.0
-                count, seconds = await throughput(
-                    channels[target.name], request, args.concurrency, args.duration, streaming
-                )
-                cpu_us = (process_cpu_seconds(pid) - cpu_before) / count * 1e6 if pid else None
+            totals = await sliced_throughput(targets, channels, request, args, streaming, round_number)
+            for target in targets:
+                count, seconds, cpu_seconds = totals[target.name]
+                cpu_us = cpu_seconds / count * 1e6 if target.pid else None
                 results[target.name].append(
                     Result(f"{name} c={args.concurrency}", per_second=count / seconds, cpu_us=cpu_us)
                 )
@@ -317,7 +341,8 @@ def report(targets: dict[str, list[Result]], args: argparse.Namespace) -> None:
     from machine import describe_machine
 
     print(f"\nsynthetic engine, {args.tokens} tokens a call ({args.tokens + 2} messages a stream); "
-          f"{args.calls} sequential calls for latency, {args.duration:g} s per throughput run; "
+          f"{args.calls} sequential calls for latency, {args.duration:g} s per throughput run "
+          f"in turns of {args.slice:g} s; "
           f"median of {args.repeats} interleaved rounds; "
           f"{os.cpu_count()} CPUs shared by client, engine and proxy, on a busy machine")  # fmt: skip
     print(describe_machine(with_torch=False))
@@ -379,6 +404,7 @@ def write_json(
         "tokens": args.tokens,
         "calls": args.calls,
         "duration_s": args.duration,
+        "slice_s": args.slice,
         "concurrency": args.concurrency,
         "repeats": args.repeats,
         "targets": [
@@ -455,6 +481,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1000, help="sequential calls for latency")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--duration", type=float, default=2.0, help="seconds per throughput run")
+    parser.add_argument("--slice", type=float, default=0.5,
+                        help="the throughput runs are taken in turns of this many seconds per target")  # fmt: skip
     parser.add_argument("--tokens", type=int, default=64, help="tokens per call from the synthetic engine")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds; each figure is their median")
     parser.add_argument("--no-envoy", action="store_true", help="leave Envoy out")
@@ -471,8 +499,10 @@ def main() -> int:
     if args.bare_proxy:
         serve_bare_proxy(args.bare_proxy)
         return 0
-    if args.repeats < 1 or args.calls < 2 or args.duration <= 0 or args.concurrency < 1:
-        parser.error("--repeats and --concurrency must be at least 1, --calls at least 2, --duration positive")
+    if args.repeats < 1 or args.calls < 2 or args.duration <= 0 or args.slice <= 0 or args.concurrency < 1:
+        parser.error(
+            "--repeats and --concurrency must be at least 1, --calls at least 2, --duration and --slice positive"
+        )
     if args.baseline is not None and not (args.baseline / "gateway" / "gateway_command.py").is_file():
         parser.error(f"--baseline {args.baseline} is not a checkout of dpgate (it has no gateway/gateway_command.py)")
     python = sys.executable
