@@ -30,7 +30,10 @@ _NAME: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9a-z]+")
 _CONNECTION_SPECIFIC: Final = frozenset(
     (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade")
 )
-_METHOD, _SCHEME, _AUTHORITY, _PATH = 1, 2, 4, 8
+_METHOD: Final = 1
+_SCHEME: Final = 2
+_AUTHORITY: Final = 4
+_PATH: Final = 8
 _REQUEST_PSEUDO: Final = {b":method": _METHOD, b":scheme": _SCHEME, b":authority": _AUTHORITY, b":path": _PATH}
 # Regular fields (name and value) already found valid: the same dozen arrive on every call, so
 # most fields cost one set lookup. The caps keep a client inventing fields from growing it.

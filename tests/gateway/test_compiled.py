@@ -100,3 +100,35 @@ def test_the_dependencies_are_the_project_modules_the_compiled_ones_import() -> 
     assert "gateway/forwarded_call.py" not in dependencies
     assert "gateway/openai/server.py" not in dependencies
     assert all((ROOT / relative).is_file() for relative in dependencies)
+
+
+def module_constants_not_final(source: str) -> list[str]:
+    """The UPPER_CASE names a module binds at its top level without `Final`."""
+    import ast
+    import re
+
+    found = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign):
+            targets = [e for t in node.targets for e in (t.elts if isinstance(t, ast.Tuple) else [t])]
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            annotation = ast.unparse(node.annotation)
+            names = [] if annotation.startswith("Final") else [node.target.id]
+        else:
+            continue
+        found += [name for name in names if re.fullmatch(r"_?[A-Z][A-Z0-9_]*", name)]
+    return found
+
+
+def test_the_compiled_modules_constants_are_final() -> None:
+    """Compiled, a module constant that is not Final is a dictionary lookup by name on each read
+    (the relay made about fifteen a DATA frame): every one in the compiled modules is Final."""
+    source = "A = 1\nB: int = 2\nC: Final = 3\nD: Final[int] = 4\nlower = 5\nE, _F = 6, 7\n"
+    assert module_constants_not_final(source) == ["A", "B", "E", "_F"]
+    offenders = {
+        module: names
+        for module in compiled.COMPILED_MODULES
+        if (names := module_constants_not_final(compiled.module_path(module).read_text()))
+    }
+    assert offenders == {}
