@@ -49,6 +49,7 @@ COMPILED_MODULES = (
     "gateway.metadata",
     "gateway.status_table",
     "gateway.forwarded_call",
+    "gateway.forwarding",
     "gateway.openai.errors",
     "gateway.openai.fields",
     "gateway.openai.generation_fields",

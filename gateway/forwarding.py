@@ -16,6 +16,7 @@ import asyncio
 import hmac
 import logging
 import time
+from typing import Final
 
 import grpc
 
@@ -40,14 +41,14 @@ from gateway.routing.filters import PromptBlocks
 from gateway.tenant import tenant_fields, tenant_names
 from gateway.upstream import UpstreamLink
 
-DRAINING_MESSAGE = "gateway is shutting down; retry on another gateway"
-UNAUTHENTICATED_MESSAGE = "missing or invalid API key: send metadata `authorization: Bearer KEY`"
+DRAINING_MESSAGE: Final = "gateway is shutting down; retry on another gateway"
+UNAUTHENTICATED_MESSAGE: Final = "missing or invalid API key: send metadata `authorization: Bearer KEY`"
 
 # With API keys, only Check is open to callers without one (probes): a Watch stream is held open,
 # and 4,000 unauthenticated ones took the gateway from 49 to 104 MB (issue 22).
-HEALTH_CHECK = b"/grpc.health.v1.Health/Check"
+HEALTH_CHECK: Final = b"/grpc.health.v1.Health/Check"
 # path -> (rpc name, response streaming)
-DPGATE_METHODS: dict[bytes, tuple[str, bool]] = {
+DPGATE_METHODS: Final[dict[bytes, tuple[str, bool]]] = {
     f"/{INFERENCE_SERVICE}/Generate".encode(): ("Generate", False),
     f"/{INFERENCE_SERVICE}/GenerateStream".encode(): ("GenerateStream", True),
     f"/{INFERENCE_SERVICE}/Chat".encode(): ("Chat", False),
@@ -57,7 +58,7 @@ DPGATE_METHODS: dict[bytes, tuple[str, bool]] = {
         for name in ("GetServerInfo", "GetModelInfo", "GetLoad", "Abort", "ResetPrefixCache")
     },
 }
-_DPGATE_PREFIX = b"/dpgate.v1."
+_DPGATE_PREFIX: Final = b"/dpgate.v1."
 logger = logging.getLogger("dpgate.gateway.forwarding")
 access_logger = logging.getLogger("dpgate.gateway.access")
 
