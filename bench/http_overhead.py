@@ -11,7 +11,8 @@ Starts the synthetic engine (bench/synthetic_engine.py, no model) and one `dpgat
   (target: at least 1,500 HTTP calls/s).
 The gRPC client is grpc.aio with a pre-serialized request; the HTTP client writes pre-built
 request bytes and reads each answer by its Content-Length (bench/http_server_choice.py), so
-neither client parses much. Figures from a busy 2-core VM are loose: run it quiet to quote them.
+neither client parses much. The two paths take turns (one call each at c=1, `--slice` seconds
+each under load), so a 2-core VM's drift falls on both alike; still, run it quiet to quote it.
 
     python bench/http_overhead.py                 # the figures in docs/performance.md
     python bench/http_overhead.py --duration 1    # quicker
@@ -88,24 +89,37 @@ async def measure(grpc_address: str, http_port: int, gateway_pid: int, args: arg
     async with aio.insecure_channel(grpc_address) as channel:
         await wait_until_serving(channel, request)
         single = await connect(http_port, "/v1/completions", body)
-        for _ in range(2):  # alternate, so both see the same background load
-            await grpc_latency(channel, request, 50)
-            await http_latency(single, 50)
-        grpc_samples = await grpc_latency(channel, request, args.calls)
-        http_samples = await http_latency(single, args.calls)
-        for name, samples in (("grpc", grpc_samples), ("http", http_samples)):
-            results[name].append(Result("unary c=1", percentile(samples, 50) * 1e3, percentile(samples, 99) * 1e3))
+        await grpc_latency(channel, request, 100)  # warm-up
+        await http_latency(single, 100)
         unary = channel.unary_unary(GENERATE)
 
         async def grpc_call() -> None:
             await unary(request)
 
+        # The two paths take turns (a call each at c=1, `--slice` seconds each under load), so the
+        # machine's drift over seconds falls on both alike (bench/gateway_overhead.py does the same).
+        samples: dict[str, list[float]] = {"grpc": [], "http": []}
+        single_calls = {"grpc": grpc_call, "http": single.call}
+        for turn in range(args.calls):
+            for name in ("grpc", "http") if turn % 2 == 0 else ("http", "grpc"):
+                start = time.perf_counter()
+                await single_calls[name]()
+                samples[name].append(time.perf_counter() - start)
+        for name, taken in samples.items():
+            results[name].append(Result("unary c=1", percentile(taken, 50) * 1e3, percentile(taken, 99) * 1e3))
         connections = [await connect(http_port, "/v1/completions", body) for _ in range(args.concurrency)]
-        scenarios = (("grpc", [grpc_call] * args.concurrency), ("http", [c.call for c in connections]))
-        for name, workers in scenarios:
-            cpu_before = process_cpu_seconds(gateway_pid)
-            count, seconds = await run_for(args.duration, workers)
-            cpu_us = (process_cpu_seconds(gateway_pid) - cpu_before) / count * 1e6
+        scenarios = [("grpc", [grpc_call] * args.concurrency), ("http", [c.call for c in connections])]
+        totals = {name: (0, 0.0, 0.0) for name, _ in scenarios}
+        num_slices = max(1, round(args.duration / args.slice))
+        for turn in range(num_slices):
+            for name, workers in scenarios if turn % 2 == 0 else scenarios[::-1]:
+                cpu_before = process_cpu_seconds(gateway_pid)
+                count, seconds = await run_for(args.duration / num_slices, workers)
+                cpu_seconds = process_cpu_seconds(gateway_pid) - cpu_before
+                done, taken_s, cpu = totals[name]
+                totals[name] = (done + count, taken_s + seconds, cpu + cpu_seconds)
+        for name, (count, seconds, cpu_seconds) in totals.items():
+            cpu_us = cpu_seconds / count * 1e6
             results[name].append(Result(f"unary c={args.concurrency}", per_second=count / seconds, cpu_us=cpu_us))
         for connection in (single, *connections):
             connection.writer.close()
@@ -116,8 +130,8 @@ def report(results: dict[str, list[Result]], args: argparse.Namespace) -> None:
     from machine import describe_machine
 
     print(f"\nsynthetic engine, {args.tokens} tokens a call, through one dpgate gateway; {args.calls} sequential "
-          f"calls for latency, {args.duration:.0f} s per throughput run; {os.cpu_count()} CPUs shared by "
-          "client, engine and gateway")  # fmt: skip
+          f"calls for latency, {args.duration:.0f} s per throughput run in turns of {args.slice:g} s; "
+          f"{os.cpu_count()} CPUs shared by client, engine and gateway")  # fmt: skip
     print(describe_machine(with_torch=False))
     (grpc_c1, grpc_cn), (http_c1, http_cn) = results["grpc"], results["http"]
     for name, c1, cn in (("gRPC Generate", grpc_c1, grpc_cn), ("HTTP /v1/completions", http_c1, http_cn)):
@@ -136,6 +150,7 @@ def write_json(results: dict[str, list[Result]], args: argparse.Namespace) -> No
         "tokens": args.tokens,
         "calls": args.calls,
         "duration_s": args.duration,
+        "slice_s": args.slice,
         "concurrency": args.concurrency,
         "paths": {name: [asdict(result) for result in rs] for name, rs in results.items()},
     }
@@ -147,9 +162,13 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=1000, help="sequential calls for latency, per path")
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per throughput run")
+    parser.add_argument("--slice", type=float, default=0.5,
+                        help="the two paths' throughput runs take turns of this many seconds")  # fmt: skip
     parser.add_argument("--tokens", type=int, default=16, help="tokens per call from the synthetic engine")
     add_json_argument(parser)
     args = parser.parse_args()
+    if args.calls < 2 or args.concurrency < 1 or args.duration <= 0 or args.slice <= 0:
+        parser.error("--calls must be at least 2, --concurrency at least 1, --duration and --slice positive")
     python = sys.executable
     started: list[subprocess.Popen] = []
     try:
